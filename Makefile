@@ -1,0 +1,26 @@
+.PHONY: demo test lint docs bench stack-up stack-down gpu-wheels
+
+demo:            ## set up and run the demo training job
+	scripts/demo
+
+test:            ## set up and run every test
+	scripts/test
+
+lint:
+	.venv/bin/ruff check otel_train tests benchmarks examples
+	.venv/bin/ruff format --check otel_train
+
+docs:            ## regenerate docs/telemetry.md from the telemetry contract
+	.venv/bin/python -m otel_train.contract > docs/telemetry.md
+
+bench:           ## CPU overhead benchmark (figures printed side by side)
+	.venv/bin/python benchmarks/overhead.py
+
+stack-up:
+	scripts/stack build && scripts/stack up
+
+stack-down:
+	scripts/stack down
+
+gpu-wheels:      ## wheels for the lent GPU machine (then run scripts/gpu-check there)
+	scripts/gpu-wheels

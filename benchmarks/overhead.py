@@ -1,0 +1,255 @@
+"""What otel-train costs a training loop, measured side by side in one run.
+
+Prints two tables:
+
+1. Per phase, on the training thread: a bare ``perf_counter_ns()`` pair (the floor),
+   otel-train's ``with phase(...)`` and a hand-written OTel SDK span per phase
+   (``start_as_current_span`` through a BatchSpanProcessor with a dropping exporter).
+2. Whole training steps of a small MLP (DataLoader, forward, backward, SGD): plain,
+   instrumented by otel-train at default settings (sampled traces, bridged histograms,
+   console off), and instrumented with one SDK span per phase plus one per step. The
+   timed region ends after otel-train's worker has processed every step, so its
+   background CPU work is counted. Variants run interleaved in rounds; figures are
+   medians over rounds, and deltas are medians of per-round differences.
+
+Usage: python benchmarks/overhead.py [--steps 300] [--rounds 7] [--hidden 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import otel_train
+from otel_train import session
+from otel_train.export.setup import in_memory_meter_provider
+
+
+class DroppingExporter(SpanExporter):
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def sdk_tracer_provider() -> TracerProvider:
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(BatchSpanProcessor(DroppingExporter()))
+    return tp
+
+
+# -- 1. per-phase micro benchmark ---------------------------------------------------------
+
+
+def micro(n: int, repeats: int) -> dict[str, float]:
+    pc = time.perf_counter_ns
+    tp = sdk_tracer_provider()
+    tracer = tp.get_tracer("bench")
+    mp, _reader = in_memory_meter_provider()
+    otel_train.configure(tracer_provider=tp, meter_provider=mp, console="off")
+    rec = session.current().recorder  # type: ignore[union-attr]
+
+    def floor() -> int:
+        t = pc()
+        for _ in range(n):
+            a = pc()
+            b = pc()
+        return pc() - t - 0 * (b - a)
+
+    def ours() -> int:
+        scope = rec.phase("forward")
+        t = pc()
+        with rec.step():
+            for _ in range(n):
+                with scope:
+                    pass
+        return pc() - t
+
+    def span() -> int:
+        t = pc()
+        for _ in range(n):
+            with tracer.start_as_current_span("forward"):
+                pass
+        return pc() - t
+
+    def empty() -> int:
+        t = pc()
+        for _ in range(n):
+            pass
+        return pc() - t
+
+    variants: dict[str, Callable[[], int]] = {
+        "empty loop": empty, "perf_counter_ns pair (floor)": floor,
+        "otel-train phase()": ours, "OTel SDK span": span,
+    }
+    results: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(repeats):
+        names = list(variants)
+        names = names[r % len(names):] + names[: r % len(names)]
+        for name in names:
+            gc.collect()
+            results[name].append(variants[name]() / n)
+        session.current().worker.process()  # type: ignore[union-attr]
+    otel_train.shutdown()
+    tp.shutdown()
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
+# -- 2. whole training steps -----------------------------------------------------------------
+
+
+def make_job(hidden: int, batch: int, n_batches: int) -> tuple[Any, Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = torch.utils.data.TensorDataset(torch.randn(batch * n_batches, 784),
+                                        torch.randint(0, 10, (batch * n_batches,)))
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch)
+    return model, opt, loader
+
+
+def plain_steps(model: Any, opt: Any, loader: Any, steps: int) -> None:
+    loss_fn = torch.nn.functional.cross_entropy
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done == steps:
+                return
+
+
+def span_steps(model: Any, opt: Any, loader: Any, steps: int, tracer: Any) -> None:
+    loss_fn = torch.nn.functional.cross_entropy
+    done = 0
+    while done < steps:
+        it = iter(loader)
+        while True:
+            with tracer.start_as_current_span("step"):
+                with tracer.start_as_current_span("data"):
+                    try:
+                        x, y = next(it)
+                    except StopIteration:
+                        break
+                with tracer.start_as_current_span("forward"):
+                    loss = loss_fn(model(x), y)
+                with tracer.start_as_current_span("backward"):
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                with tracer.start_as_current_span("optimizer"):
+                    opt.step()
+            done += 1
+            if done == steps:
+                return
+
+
+def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, Any]:
+    model, opt, loader = make_job(hidden, batch, 64)
+    tp_spans = sdk_tracer_provider()
+    span_tracer = tp_spans.get_tracer("bench")
+    tp_ours = sdk_tracer_provider()
+
+    def run_plain() -> tuple[int, int]:
+        w, c = time.perf_counter_ns(), time.process_time_ns()
+        plain_steps(model, opt, loader, steps)
+        return time.perf_counter_ns() - w, time.process_time_ns() - c
+
+    def run_ours() -> tuple[int, int]:
+        mp, _ = in_memory_meter_provider()
+        otel_train.instrument(model, optimizer=opt, dataloader=loader, tracer_provider=tp_ours,
+                              meter_provider=mp, console="off")
+        sess = session.current()
+        assert sess is not None
+        w, c = time.perf_counter_ns(), time.process_time_ns()
+        plain_steps(model, opt, loader, steps)
+        while sess.recorder.pending:  # count the worker's processing of every step
+            sess.worker.process()
+        out = time.perf_counter_ns() - w, time.process_time_ns() - c
+        processed = sess.worker.steps_processed
+        otel_train.shutdown()
+        assert processed == steps, (processed, steps)
+        return out
+
+    def run_spans() -> tuple[int, int]:
+        w, c = time.perf_counter_ns(), time.process_time_ns()
+        span_steps(model, opt, loader, steps, span_tracer)
+        return time.perf_counter_ns() - w, time.process_time_ns() - c
+
+    variants = {"plain": run_plain, "otel-train (default)": run_ours,
+                "OTel SDK span per phase": run_spans}
+    plain_steps(model, opt, loader, 50)  # warm up
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        names = list(variants)
+        names = names[r % len(names):] + names[: r % len(names)]
+        for name in names:
+            gc.collect()
+            w, c = variants[name]()
+            wall[name].append(w / steps / 1e3)
+            cpu[name].append(c / steps / 1e3)
+    tp_spans.shutdown()
+    tp_ours.shutdown()
+    return {"wall": wall, "cpu": cpu}
+
+
+def paired_delta(a: list[float], b: list[float]) -> float:
+    return statistics.median(x - y for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--micro-n", type=int, default=20000)
+    args = ap.parse_args()
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"cuda {torch.cuda.is_available()}")
+    m = micro(args.micro_n, args.rounds)
+    floor = m["perf_counter_ns pair (floor)"]
+    print("\n1. Per phase on the training thread (ns, median of rounds)")
+    print(f"{'variant':<32}{'ns/phase':>10}{'x floor':>9}")
+    for name, ns in m.items():
+        print(f"{name:<32}{ns:>10.0f}{ns / floor:>9.1f}")
+
+    res = steps_bench(args.steps, args.rounds, args.hidden, args.batch)
+    wall, cpu = res["wall"], res["cpu"]
+    base_w = statistics.median(wall["plain"])
+    print(f"\n2. Training steps: MLP 784-{args.hidden}-{args.hidden}-10, batch {args.batch}, "
+          f"{args.steps} steps x {args.rounds} rounds (us per step)")
+    print(f"{'variant':<28}{'wall':>9}{'cpu':>9}{'wall delta':>12}{'cpu delta':>11}{'% of step':>11}")
+    deltas = {}
+    for name in wall:
+        dw = paired_delta(wall[name], wall["plain"])
+        dc = paired_delta(cpu[name], cpu["plain"])
+        deltas[name] = (dw, dc)
+        print(f"{name:<28}{statistics.median(wall[name]):>9.1f}{statistics.median(cpu[name]):>9.1f}"
+              f"{dw:>12.1f}{dc:>11.1f}{100 * dw / base_w:>10.2f}%")
+    ours_w = deltas["otel-train (default)"][0]
+    spans_w = deltas["OTel SDK span per phase"][0]
+    print(f"\nratio otel-train / span-per-phase (wall delta): {ours_w / spans_w:.3f}  "
+          f"(target <= 0.1); otel-train overhead {100 * ours_w / base_w:.2f}% of the "
+          f"{base_w / 1000:.2f} ms step (target < 1%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""otel-train: OpenTelemetry-native telemetry for PyTorch training.
+
+Usage::
+
+    import otel_train
+
+    inst = otel_train.instrument(model, optimizer=opt, dataloader=loader)
+    for batch in loader:
+        ...                       # data / forward / backward / optimizer become phases
+    otel_train.shutdown()         # flush with a deadline (also runs at exit)
+
+    with otel_train.step(samples=64, tokens=64 * 512):
+        with otel_train.phase("rollout"):
+            ...
+    otel_train.record(loss=loss, reward=reward)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from . import contract, session
+from .adapters import Instrumentation, kind_of, select
+from .recording.recorder import PhaseScope, StepScope
+from .session import __version__
+from .settings import ConfigError, Settings
+
+__all__ = [
+    "ConfigError",
+    "Instrumentation",
+    "Settings",
+    "__version__",
+    "configure",
+    "contract",
+    "instrument",
+    "phase",
+    "record",
+    "shutdown",
+    "step",
+]
+
+
+def configure(
+    *, tracer_provider: Any = None, meter_provider: Any = None, **settings: Any
+) -> session.Session:
+    """Start (or return) the process's telemetry session with these settings."""
+    return session.get_or_create(settings, tracer_provider, meter_provider)
+
+
+def instrument(
+    target: Any,
+    *,
+    optimizer: Any = None,
+    dataloader: Any = None,
+    phases: Any = None,
+    step: Any = None,
+    count_batch: Any = None,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    **settings: Any,
+) -> Instrumentation:
+    """Instrument a training target; returns a handle (also a context manager).
+
+    Raises TypeError for unsupported targets and ConfigError (a ValueError) for bad
+    settings, before changing anything.
+    """
+    attach = select(
+        target, optimizer=optimizer, dataloader=dataloader, phases=phases, step=step,
+        count_batch=count_batch,
+    )
+    sess = session.get_or_create(settings, tracer_provider, meter_provider)
+    existing = sess.instrumentations.get(id(target))
+    if existing is not None and existing.active and existing.target is target:
+        warnings.warn(
+            f"otel_train.instrument(): {type(target).__name__} is already instrumented; "
+            "returning the existing handle",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return existing
+    inst = Instrumentation(sess, target, kind_of(target, phases))
+    try:
+        attach(inst)
+    except BaseException:
+        inst.uninstrument()
+        raise
+    sess.instrumentations[id(target)] = inst
+    return inst
+
+
+class _NullScope:
+    __slots__ = ()
+
+    def __enter__(self) -> _NullScope:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+_NULL = _NullScope()
+
+
+def _recorder() -> Any:
+    if session.forked_child:
+        return None
+    current = session.current()
+    if current is None or current.closed:
+        current = session.get_or_create()
+    return current.recorder
+
+
+def phase(name: str) -> PhaseScope | _NullScope:
+    """``with otel_train.phase("rollout"):`` marks a phase of the current step."""
+    rec = _recorder()
+    return _NULL if rec is None else rec.phase(name)
+
+
+def step(samples: int | None = None, tokens: int | None = None) -> StepScope | _NullScope:
+    """``with otel_train.step(samples=..., tokens=...):`` marks one training step."""
+    rec = _recorder()
+    return _NULL if rec is None else rec.step(samples, tokens)
+
+
+def record(**scalars: Any) -> None:
+    """Record user scalars (loss=..., reward=...); CUDA tensors are read without a sync."""
+    rec = _recorder()
+    if rec is not None:
+        rec.record_scalars(scalars)
+
+
+def shutdown(timeout: float | None = None) -> bool:
+    """Uninstrument, flush and close within ``timeout`` seconds (default: shutdown_timeout)."""
+    return session.shutdown(timeout)

@@ -1,0 +1,170 @@
+"""The handle ``instrument()`` returns, and the patching helpers every adapter uses.
+
+Every change an adapter makes is registered with an undo function; ``uninstrument()``
+runs them in reverse order, exactly once, and leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..recording.recorder import PhaseScope, Recorder, StepScope
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+_log = logging.getLogger("otel_train")
+
+
+class Instrumentation:
+    """A live instrumentation of one target; also a context manager (exit = uninstrument)."""
+
+    def __init__(self, session: Session, target: Any, kind: str) -> None:
+        self.session = session
+        self.target = target
+        self.kind = kind
+        self._undo: list[Callable[[], None]] = []
+        self.active = True
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    def uninstrument(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        while self._undo:
+            fn = self._undo.pop()
+            try:
+                fn()
+            except Exception:
+                _log.exception("otel-train: restoring %s failed", self.kind)
+        self.session.instrumentations.pop(id(self.target), None)
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstrument()
+
+    # Shortcuts to the session's recorder.
+    def phase(self, name: str) -> PhaseScope:
+        return self.session.recorder.phase(name)
+
+    def step(self, samples: int | None = None, tokens: int | None = None) -> StepScope:
+        return self.session.recorder.step(samples, tokens)
+
+    def record(self, **scalars: Any) -> None:
+        self.session.recorder.record_scalars(scalars)
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "removed"
+        return f"<otel_train.Instrumentation {self.kind} of {type(self.target).__name__} ({state})>"
+
+
+def guarded(inst: Instrumentation, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook that never raises into training: on error, log once and deactivate it."""
+    state = {"ok": True}
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        if not state["ok"]:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            state["ok"] = False
+            _log.exception("otel-train: a %s hook failed; that hook is now disabled", inst.kind)
+            return None
+
+    return hook
+
+
+def patch_attribute(inst: Instrumentation, obj: Any, name: str, value: Any) -> None:
+    """Set ``obj.name`` in the instance dict; undo restores the instance dict exactly."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def undo() -> None:
+        if had:
+            setattr(obj, name, old)
+        else:
+            try:
+                delattr(obj, name)
+            except AttributeError:
+                pass
+
+    inst.on_undo(undo)
+
+
+def count_batch(batch: Any) -> tuple[int | None, int | None]:
+    """Samples and tokens of a batch, from shapes only (never from contents on a device).
+
+    Samples: the first dimension of the first tensor found. Tokens: the sum of a CPU
+    ``attention_mask`` when present, else the element count of ``input_ids``.
+    """
+    import torch
+
+    def first_tensor(x: Any, depth: int = 0) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x
+        if depth > 3:
+            return None
+        if isinstance(x, dict) or hasattr(x, "keys") and hasattr(x, "__getitem__"):
+            for key in ("input_ids", "inputs", "x"):
+                try:
+                    v = x[key]
+                except (KeyError, TypeError, IndexError):
+                    continue
+                if isinstance(v, torch.Tensor):
+                    return v
+            try:
+                values = list(x.values())[:8]
+            except Exception:
+                return None
+            for v in values:
+                t = first_tensor(v, depth + 1)
+                if t is not None:
+                    return t
+            return None
+        if isinstance(x, (list, tuple)):
+            for v in x[:8]:
+                t = first_tensor(v, depth + 1)
+                if t is not None:
+                    return t
+        return None
+
+    t = first_tensor(batch)
+    samples = int(t.shape[0]) if t is not None and t.dim() > 0 else None
+    tokens = None
+    if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
+        try:
+            mask = batch["attention_mask"] if "attention_mask" in batch else None
+        except Exception:
+            mask = None
+        if isinstance(mask, torch.Tensor) and not mask.is_cuda:
+            tokens = int(mask.sum())
+        else:
+            try:
+                ids = batch["input_ids"] if "input_ids" in batch else None
+            except Exception:
+                ids = None
+            if isinstance(ids, torch.Tensor):
+                tokens = int(ids.numel())
+    return samples, tokens
+
+
+def close_phases(rec: Recorder, names: tuple[str, ...], err: BaseException | None = None) -> None:
+    """Exit the innermost open phases while they are among ``names`` (an adapter's own).
+
+    Adapters infer boundaries from hooks; this closes what a skipped hook left open
+    without ever popping a phase the user opened around or inside them.
+    """
+    et = type(err) if err is not None else None
+    for _ in range(16):
+        top = rec.open_phase_names()[-1:]
+        if not top or top[0] not in names:
+            return
+        rec.exit(et, err)

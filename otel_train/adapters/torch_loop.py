@@ -1,0 +1,264 @@
+"""Plain PyTorch loops: ``instrument(model, optimizer=opt, dataloader=loader)``.
+
+Phases and where they are observed:
+
+- ``data``: around each ``next()`` on the instrumented DataLoader's iterator (host clock).
+- ``forward``: from the model's forward pre-hook (training mode, grad enabled) until
+  backward starts, so the loss computation belongs to forward.
+- ``backward``: around ``torch.autograd.backward`` (what ``loss.backward()`` calls),
+  while a step is open.
+- ``optimizer``: from the optimizer's step pre-hook to its post-hook.
+
+A step opens at the first data fetch (or forward, without a DataLoader) after the
+previous optimizer step and closes at the optimizer's post-hook, so gradient
+accumulation shows repeated data/forward/backward phases inside one step. Samples
+and tokens are counted from the batches' shapes.
+
+Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..recording.recorder import ADAPTER, Recorder
+from .base import Instrumentation, count_batch, guarded
+
+_ACTIVE: list[Any] = []  # adapters (any object with a ``rec``) timing backward
+_ORIGINAL_BACKWARD: Callable[..., Any] | None = None
+_log = logging.getLogger("otel_train")
+
+
+def _patched_backward(*args: Any, **kwargs: Any) -> Any:
+    original = _ORIGINAL_BACKWARD
+    assert original is not None
+    rec = None
+    try:
+        for adapter in _ACTIVE:
+            if adapter.rec.enabled and adapter.rec.current_step is not None:
+                rec = adapter.rec
+                rec.exit_if_top("forward")
+                rec.enter("backward")
+                break
+    except Exception:  # telemetry never raises into training
+        _log.exception("otel-train: timing backward failed")
+        rec = None
+    if rec is None:
+        return original(*args, **kwargs)
+    try:
+        result = original(*args, **kwargs)
+    except BaseException as err:
+        _exit_backward(rec, err)
+        raise
+    _exit_backward(rec, None)
+    return result
+
+
+def _exit_backward(rec: Recorder, err: BaseException | None) -> None:
+    try:
+        if rec.open_phase_names()[-1:] == ["backward"]:
+            rec.exit(type(err) if err is not None else None, err)
+    except Exception:
+        _log.exception("otel-train: timing backward failed")
+
+
+def hold_backward(owner: Any) -> Callable[[], None]:
+    """Time ``torch.autograd.backward`` as a ``backward`` phase for another adapter.
+
+    ``owner`` needs a ``rec`` (the session's Recorder): while it has an open step,
+    backward closes an open ``forward`` and becomes a phase. Returns the undo.
+    """
+    _ACTIVE.append(owner)
+    _install_backward_patch()
+
+    def release() -> None:
+        if owner in _ACTIVE:
+            _ACTIVE.remove(owner)
+        _remove_backward_patch()
+
+    return release
+
+
+def _install_backward_patch() -> None:
+    global _ORIGINAL_BACKWARD
+    if _ORIGINAL_BACKWARD is None:
+        _ORIGINAL_BACKWARD = torch.autograd.backward
+        torch.autograd.backward = _patched_backward
+
+
+def _remove_backward_patch() -> None:
+    global _ORIGINAL_BACKWARD
+    if _ORIGINAL_BACKWARD is not None and not _ACTIVE:
+        if torch.autograd.backward is _patched_backward:
+            torch.autograd.backward = _ORIGINAL_BACKWARD
+            _ORIGINAL_BACKWARD = None
+        # else: someone wrapped us; leave the chain intact (we pass through when inactive)
+
+
+class _TimedIterator:
+    """Wraps a DataLoader iterator; everything but ``__next__`` is delegated."""
+
+    __slots__ = ("_adapter", "_it")
+
+    def __init__(self, it: Any, adapter: TorchLoopAdapter) -> None:
+        self._it = it
+        self._adapter = adapter
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        adapter = self._adapter
+        if not adapter.active:
+            return next(self._it)
+        rec = adapter.rec
+        if rec.current_step is None:
+            rec.begin_step(ADAPTER)
+        try:
+            with rec.phase("data"):
+                batch = next(self._it)
+        except StopIteration:
+            rec.discard_step_if_only("data")
+            raise
+        adapter.count(batch)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+_LOADER_CLASSES: dict[type, type] = {}
+
+
+def _timed_loader_class(cls: type) -> type:
+    sub = _LOADER_CLASSES.get(cls)
+    if sub is None:
+
+        def __iter__(self: Any) -> Any:
+            it = cls.__iter__(self)
+            adapter = _LOADER_ADAPTERS.get(id(self))
+            return _TimedIterator(it, adapter) if adapter is not None else it
+
+        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+        _LOADER_CLASSES[cls] = sub
+    return sub
+
+
+_LOADER_ADAPTERS: dict[int, TorchLoopAdapter] = {}
+
+
+class TorchLoopAdapter:
+    def __init__(
+        self,
+        inst: Instrumentation,
+        rec: Recorder,
+        counter: Callable[[Any], tuple[int | None, int | None]] | None,
+    ) -> None:
+        self.inst = inst
+        self.rec = rec
+        self.counter = counter or count_batch
+        self.active = True
+        self.has_loader = False
+
+    def count(self, batch: Any) -> None:
+        step = self.rec.current_step
+        if step is None or step.mode != ADAPTER:
+            return  # an explicit step carries the user's own counts: never add to them
+        try:
+            samples, tokens = self.counter(batch)
+        except Exception:
+            return
+        self.rec.add_counts(samples, tokens)
+
+    # hooks ------------------------------------------------------------------------------
+
+    def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if not self.active or not module.training or not torch.is_grad_enabled():
+            return
+        rec = self.rec
+        if rec.current_step is None:
+            rec.begin_step(ADAPTER)
+            if not self.has_loader:
+                self.count(args)
+        elif not self.has_loader:
+            self.count(args)
+        rec.exit_if_top("forward")
+        rec.enter("forward")
+
+    def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.active:
+            return
+        rec = self.rec
+        if rec.current_step is None:
+            return
+        rec.exit_if_top("forward")
+        rec.enter("optimizer")
+
+    def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.active:
+            return
+        rec = self.rec
+        rec.exit_if_top("optimizer")
+        rec.end_step(ADAPTER)
+
+
+def attach(
+    inst: Instrumentation,
+    model: torch.nn.Module,
+    optimizer: Any | None,
+    dataloader: Any | None,
+    counter: Callable[[Any], tuple[int | None, int | None]] | None,
+) -> None:
+    adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
+    handle = model.register_forward_pre_hook(guarded(inst, adapter.forward_pre_hook))
+    inst.on_undo(handle.remove)
+    if optimizer is not None:
+        pre = optimizer.register_step_pre_hook(guarded(inst, adapter.optimizer_pre_hook))
+        post = optimizer.register_step_post_hook(guarded(inst, adapter.optimizer_post_hook))
+        inst.on_undo(post.remove)
+        inst.on_undo(pre.remove)
+    if dataloader is not None:
+        adapter.has_loader = True
+        original_cls = type(dataloader)
+        dataloader.__class__ = _timed_loader_class(original_cls)
+        _LOADER_ADAPTERS[id(dataloader)] = adapter
+
+        def restore_loader() -> None:
+            _LOADER_ADAPTERS.pop(id(dataloader), None)
+            if type(dataloader) is _LOADER_CLASSES.get(original_cls):
+                dataloader.__class__ = original_cls
+
+        inst.on_undo(restore_loader)
+    _ACTIVE.append(adapter)
+    _install_backward_patch()
+
+    def deactivate() -> None:
+        adapter.active = False
+        if adapter in _ACTIVE:
+            _ACTIVE.remove(adapter)
+        _remove_backward_patch()
+        rec = adapter.rec
+        rec.exit_if_top("forward")
+
+    inst.on_undo(deactivate)
+
+
+def validate(model: Any, optimizer: Any | None, dataloader: Any | None) -> None:
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"otel_train.instrument(): optimizer= must be a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    if dataloader is not None and not isinstance(dataloader, torch.utils.data.DataLoader):
+        raise TypeError(
+            f"otel_train.instrument(): dataloader= must be a torch.utils.data.DataLoader, got "
+            f"{type(dataloader).__name__}"
+        )

@@ -1,0 +1,141 @@
+"""``otel-train`` command line: the demo run and small utilities.
+
+Usage::
+
+    otel-train demo                       # 300 steps of a tiny language model, tables on stderr
+    otel-train demo --otlp-endpoint http://127.0.0.1:4318 --steps 1000
+    otel-train telemetry                  # print the telemetry reference (docs/telemetry.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from .settings import ConfigError
+
+
+def _demo_model(vocab: int, dim: int, seq: int) -> Any:
+    import torch
+
+    class TinyLM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, dim)
+            self.pos = torch.nn.Parameter(torch.zeros(seq, dim))
+            layer = torch.nn.TransformerEncoderLayer(
+                dim, nhead=4, dim_feedforward=4 * dim, batch_first=True, dropout=0.0
+            )
+            self.blocks = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(dim, vocab)
+            self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(seq))
+
+        def forward(self, input_ids: Any) -> Any:
+            h = self.embed(input_ids) + self.pos[: input_ids.shape[1]]
+            h = self.blocks(h, mask=self.mask[: input_ids.shape[1], : input_ids.shape[1]], is_causal=True)
+            return self.head(h)
+
+    return TinyLM()
+
+
+class _Corpus:
+    """A synthetic token stream with structure a model can learn (repeating n-grams)."""
+
+    def __init__(self, vocab: int, seq: int, n: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        base = torch.randint(0, vocab, (64,), generator=g)
+        stream = base.repeat(n * (seq + 1) // 64 + 2)
+        noise = torch.rand(stream.shape, generator=g) < 0.1
+        stream[noise] = torch.randint(0, vocab, (int(noise.sum()),), generator=g)
+        self.data = stream[: n * (seq + 1)].view(n, seq + 1)
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.data[i]
+        return {"input_ids": row[:-1], "labels": row[1:]}
+
+
+def demo(args: argparse.Namespace) -> int:
+    import torch
+
+    import otel_train
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    vocab, dim, seq, batch = 256, 64, 64, 16
+    model = _demo_model(vocab, dim, seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loader = torch.utils.data.DataLoader(
+        _Corpus(vocab, seq, batch * 64), batch_size=batch, shuffle=True, drop_last=True
+    )
+    settings: dict[str, Any] = {"console_every": args.every}
+    if args.otlp_endpoint:
+        settings["otlp_endpoint"] = args.otlp_endpoint
+    if args.prometheus_port is not None:
+        settings["prometheus_port"] = args.prometheus_port
+    if args.trace_all:
+        settings["trace_steps"] = "all"
+    try:
+        otel_train.instrument(model, optimizer=opt, dataloader=loader, **settings)
+    except ConfigError as err:
+        print(f"otel-train demo: {err}", file=sys.stderr)
+        return 2
+    sess = otel_train.session.current()
+    where = []
+    if sess is not None and sess.prometheus_address:
+        host, port = sess.prometheus_address
+        where.append(f"/metrics on http://{host}:{port}/metrics")
+    if sess is not None and sess.telemetry.tracer_provider is not None:
+        where.append("OTLP export on")
+    print(f"otel-train demo: {args.steps} steps on {device}; " + ("; ".join(where) or
+          "no exporters"), file=sys.stderr)
+    done = 0
+    loss_fn = torch.nn.functional.cross_entropy
+    while done < args.steps:
+        for batch_ in loader:
+            ids = batch_["input_ids"].to(device, non_blocking=True)
+            labels = batch_["labels"].to(device, non_blocking=True)
+            logits = model(ids)
+            loss = loss_fn(logits.reshape(-1, vocab), labels.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            otel_train.record(loss=loss.detach())
+            done += 1
+            if done >= args.steps:
+                break
+    if args.hold > 0:
+        print(f"otel-train demo: holding /metrics for {args.hold:g} s", file=sys.stderr)
+        time.sleep(args.hold)
+    otel_train.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-train", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="train a tiny model with otel-train on (CPU, or GPU if present)")
+    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--every", type=int, default=100, help="console table every N steps")
+    d.add_argument("--otlp-endpoint", default=None, help="e.g. http://127.0.0.1:4318")
+    d.add_argument("--prometheus-port", type=int, default=None, help="default 9464; 0 = any")
+    d.add_argument("--trace-all", action="store_true", help="trace every step")
+    d.add_argument("--hold", type=float, default=0.0, help="keep /metrics up N s after training")
+    d.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
+    sub.add_parser("telemetry", help="print the telemetry reference (Markdown)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo(args)
+    from .contract import render_markdown
+
+    sys.stdout.write(render_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""SDK and exporter setup: the only module that builds providers, exporters and /metrics.
+
+Decision order (first match wins):
+
+1. Providers passed to ``instrument()``/``configure()``: used as they are.
+2. SDK providers the application installed globally: used as they are.
+3. Otherwise otel-train builds its own (not installed globally): a ``TracerProvider``
+   with a batch processor and OTLP exporter when an endpoint is configured, and a
+   ``MeterProvider`` with the Prometheus reader behind ``/metrics`` (unless
+   ``prometheus=False``) plus a periodic OTLP reader when an endpoint is configured.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from ..settings import ConfigError, Settings
+from .bridge import BridgedInMemoryReader, BridgedPeriodicReader, BridgedPrometheusReader, HistogramBridge
+from .resource import build_resource
+
+_log = logging.getLogger("otel_train")
+
+# Meter providers whose readers carry our histogram bridge.
+_BRIDGES: WeakKeyDictionary[Any, HistogramBridge] = WeakKeyDictionary()
+
+_TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_METRIC_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+
+
+class CountingSpanExporter(SpanExporter):
+    """Counts spans an export failed to deliver (the collector down, a timeout, ...)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.failed = 0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+@dataclass
+class Telemetry:
+    tracer_provider: Any | None
+    meter_provider: Any | None
+    bridge: HistogramBridge | None
+    owned: bool = False
+    span_exporter: CountingSpanExporter | None = None
+    prometheus_server: Any | None = None
+    prometheus_address: tuple[str, int] | None = None
+    _closers: list[Any] = field(default_factory=list)
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and close what otel-train built, within ``timeout_s``; True if in time."""
+        if self.prometheus_server is not None:
+            server, self.prometheus_server = self.prometheus_server, None
+            server.shutdown()
+            server.server_close()
+        if not self.owned:
+            return True
+        done = threading.Event()
+
+        def close() -> None:
+            deadline = time.monotonic() + timeout_s
+            for provider in (self.meter_provider, self.tracer_provider):
+                if provider is None:
+                    continue
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                try:
+                    if isinstance(provider, MeterProvider):
+                        provider.shutdown(timeout_millis=left_ms)
+                    else:
+                        provider.shutdown()
+                except Exception:
+                    _log.warning("otel-train: shutting down %s failed", type(provider).__name__)
+            done.set()
+
+        # The SDK's flush can outlive its timeout (collector down, retries): run it on a
+        # daemon thread and stop waiting at the deadline.
+        threading.Thread(target=close, name="otel-train-shutdown", daemon=True).start()
+        return done.wait(timeout_s)
+
+
+def _is_sdk_tracer_provider(tp: Any) -> bool:
+    return not isinstance(tp, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def _is_sdk_meter_provider(mp: Any) -> bool:
+    return not isinstance(mp, metrics.NoOpMeterProvider) and "Proxy" not in type(mp).__name__
+
+
+def build_telemetry(
+    settings: Settings,
+    tracer_provider: Any | None = None,
+    meter_provider: Any | None = None,
+    version: str = "",
+) -> Telemetry:
+    if tracer_provider is not None or meter_provider is not None:
+        return Telemetry(
+            tracer_provider, meter_provider, _BRIDGES.get(meter_provider) if meter_provider else None
+        )
+    gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
+    if _is_sdk_tracer_provider(gtp) or _is_sdk_meter_provider(gmp):
+        return Telemetry(
+            gtp if _is_sdk_tracer_provider(gtp) else None,
+            gmp if _is_sdk_meter_provider(gmp) else None,
+            _BRIDGES.get(gmp),
+        )
+    return _build_own(settings, version)
+
+
+def _otlp_wanted(settings: Settings, env_names: tuple[str, ...]) -> bool:
+    return settings.otlp_endpoint is not None or any(os.environ.get(n) for n in env_names)
+
+
+def _span_exporter(settings: Settings) -> SpanExporter:
+    base = settings.otlp_endpoint
+    if settings.otlp_protocol == "grpc":
+        mod = _import_grpc()
+        return mod.trace_exporter.OTLPSpanExporter(endpoint=base) if base else mod.trace_exporter.OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    if base:
+        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
+    return OTLPSpanExporter()
+
+
+def _metric_exporter(settings: Settings) -> Any:
+    base = settings.otlp_endpoint
+    if settings.otlp_protocol == "grpc":
+        mod = _import_grpc()
+        return mod.metric_exporter.OTLPMetricExporter(endpoint=base) if base else mod.metric_exporter.OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    if base:
+        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics")
+    return OTLPMetricExporter()
+
+
+def _import_grpc() -> Any:
+    try:
+        from opentelemetry.exporter.otlp.proto import grpc
+        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter, trace_exporter  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "otel_train setting 'otlp_protocol' is 'grpc' but the gRPC exporter is not "
+            "installed: pip install 'otel-train[grpc]' (accepted values: 'http/protobuf', 'grpc')"
+        ) from None
+    return grpc
+
+
+def start_prometheus_server(registry: Any, host: str, port: int) -> tuple[Any, tuple[str, int]]:
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"otel_train setting 'prometheus_port': port {port} on {host} is already in "
+                "use; choose another with prometheus_port= or OTEL_TRAIN_PROMETHEUS_PORT "
+                "(0 picks a free port), or turn /metrics off with prometheus=False"
+            ) from None
+        raise ConfigError(
+            f"otel_train setting 'prometheus_host': cannot serve /metrics on {host}:{port}: {err}"
+        ) from None
+    bound = server.server_address
+    return server, (str(bound[0]), int(bound[1]))
+
+
+def _build_own(settings: Settings, version: str) -> Telemetry:
+    from prometheus_client import CollectorRegistry
+
+    resource = build_resource(settings)
+    bridge = HistogramBridge(resource, version)
+    readers: list[Any] = []
+    server = address = None
+    if settings.prometheus:
+        registry = CollectorRegistry(auto_describe=True)
+        readers.append(BridgedPrometheusReader(bridge, registry=registry))
+        server, address = start_prometheus_server(
+            registry, settings.prometheus_host, settings.prometheus_port
+        )
+    if _otlp_wanted(settings, _METRIC_ENV):
+        readers.append(
+            BridgedPeriodicReader(
+                bridge,
+                _metric_exporter(settings),
+                export_interval_millis=settings.metric_export_interval * 1000,
+            )
+        )
+    meter_provider = None
+    if readers:
+        meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource, shutdown_on_exit=False
+        )
+        _BRIDGES[meter_provider] = bridge
+    tracer_provider = None
+    span_exporter = None
+    if _otlp_wanted(settings, _TRACE_ENV):
+        span_exporter = CountingSpanExporter(_span_exporter(settings))
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    return Telemetry(
+        tracer_provider,
+        meter_provider,
+        bridge if meter_provider is not None else None,
+        owned=True,
+        span_exporter=span_exporter,
+        prometheus_server=server,
+        prometheus_address=address,
+    )
+
+
+def in_memory_meter_provider(resource: Any = None, version: str = "") -> tuple[Any, Any]:
+    """A meter provider with a bridged in-memory reader (for tests and ``otel_train.testing``)."""
+    from opentelemetry.sdk.resources import Resource
+
+    resource = resource or Resource.create({"service.name": "otel-train-test"})
+    bridge = HistogramBridge(resource, version)
+    reader = BridgedInMemoryReader(bridge)
+    provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    _BRIDGES[provider] = bridge
+    return provider, reader

@@ -1,0 +1,176 @@
+"""Console tables: the per-window phase table and the run summary.
+
+Every ``console_every`` steps::
+
+    otel-train  steps 100-199  step 2.10 ms (max 3.52 ms)  15,238 samples/s
+    phase            time/step   % step   peak alloc   % device
+    data               0.21 ms     9.9%            -          -
+    forward            0.62 ms    29.5%      1.2 GiB       1.5%
+
+At shutdown, the run summary: total wall clock, cumulative time per phase with its
+share of the wall clock, and the peak memory of each phase with its share of the
+device.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .resolved import ResolvedStep
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 100:
+        return f"{s:,.0f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def fmt_bytes(b: float | None) -> str:
+    if b is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if b < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return "-"  # pragma: no cover
+
+
+class _PhaseTotals:
+    __slots__ = ("count", "depth", "peak", "seconds")
+
+    def __init__(self, depth: int) -> None:
+        self.seconds = 0.0
+        self.count = 0
+        self.peak: int | None = None
+        self.depth = depth
+
+
+class ConsoleReporter:
+    def __init__(self, every: int, stream: str) -> None:
+        self.every = every
+        self._stream_name = stream
+        self.device_total: int | None = None
+        self._window: dict[str, _PhaseTotals] = {}
+        self._run: dict[str, _PhaseTotals] = {}
+        self._win_steps = 0
+        self._win_first = -1
+        self._win_seconds = 0.0
+        self._win_max = 0.0
+        self._win_samples = 0
+        self._win_tokens = 0
+        self.run_steps = 0
+        self.run_step_seconds = 0.0
+        self.first_start: int | None = None
+        self.last_end: int | None = None
+        self.run_samples = 0
+        self.run_tokens = 0
+        self.last_scalars: dict[str, float] = {}
+
+    @property
+    def stream(self) -> TextIO | None:
+        if self._stream_name == "off":
+            return None
+        return sys.stdout if self._stream_name == "stdout" else sys.stderr
+
+    def add(self, step: ResolvedStep) -> None:
+        seconds = step.host_seconds
+        if self._win_steps == 0:
+            self._win_first = step.index
+        self._win_steps += 1
+        self._win_seconds += seconds
+        self._win_max = max(self._win_max, seconds)
+        self._win_samples += step.samples or 0
+        self._win_tokens += step.tokens or 0
+        self.run_steps += 1
+        self.run_step_seconds += seconds
+        self.run_samples += step.samples or 0
+        self.run_tokens += step.tokens or 0
+        if self.first_start is None:
+            self.first_start = step.host_start
+        self.last_end = step.host_end
+        for phase in step.phases:
+            key = phase.name if phase.depth == 0 else "  " * phase.depth + phase.name
+            for table in (self._window, self._run):
+                t = table.get(key)
+                if t is None:
+                    t = table[key] = _PhaseTotals(phase.depth)
+                t.seconds += phase.seconds
+                t.count += 1
+                if phase.memory is not None and (t.peak is None or phase.memory[0] > t.peak):
+                    t.peak = phase.memory[0]
+        for name, value in step.scalars:
+            self.last_scalars[name] = value
+        if self.every and self._win_steps >= self.every:
+            self.print_window()
+
+    def _pct_device(self, peak: int | None) -> str:
+        if peak is None or not self.device_total:
+            return "-"
+        return f"{100.0 * peak / self.device_total:.1f}%"
+
+    def print_window(self) -> None:
+        out = self.stream
+        n = self._win_steps
+        if out is None or n == 0:
+            self._reset_window()
+            return
+        mean = self._win_seconds / n
+        head = (
+            f"otel-train  steps {self._win_first}-{self._win_first + n - 1}  "
+            f"step {fmt_seconds(mean)} (max {fmt_seconds(self._win_max)})"
+        )
+        if self._win_seconds > 0 and self._win_samples:
+            head += f"  {self._win_samples / self._win_seconds:,.0f} samples/s"
+        if self._win_seconds > 0 and self._win_tokens:
+            head += f"  {self._win_tokens / self._win_seconds:,.0f} tokens/s"
+        if self.last_scalars:
+            head += "  " + "  ".join(f"{k} {v:.4g}" for k, v in self.last_scalars.items())
+        lines = [head, f"{'phase':<24}{'time/step':>12}{'% step':>9}{'peak alloc':>13}{'% device':>10}"]
+        for name, t in self._window.items():
+            per_step = t.seconds / n
+            pct = 100.0 * t.seconds / self._win_seconds if self._win_seconds > 0 else 0.0
+            lines.append(
+                f"{name:<24}{fmt_seconds(per_step):>12}{pct:>8.1f}%"
+                f"{fmt_bytes(t.peak):>13}{self._pct_device(t.peak):>10}"
+            )
+        print("\n".join(lines), file=out, flush=True)
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._window = {}
+        self._win_steps = 0
+        self._win_seconds = 0.0
+        self._win_max = 0.0
+        self._win_samples = 0
+        self._win_tokens = 0
+
+    def summary_text(self) -> str:
+        if self.run_steps == 0 or self.first_start is None or self.last_end is None:
+            return "otel-train run summary: no training steps recorded"
+        wall = max(1e-12, (self.last_end - self.first_start) / 1e9)
+        lines = [
+            f"otel-train run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)}, "
+            f"in steps {fmt_seconds(self.run_step_seconds)} "
+            f"({100.0 * self.run_step_seconds / wall:.1f}%)",
+        ]
+        if self.run_samples:
+            lines.append(f"  {self.run_samples:,} samples ({self.run_samples / wall:,.1f}/s)")
+        if self.run_tokens:
+            lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
+        lines.append(f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}")
+        for name, t in self._run.items():
+            lines.append(
+                f"{name:<24}{fmt_seconds(t.seconds):>12}{100.0 * t.seconds / wall:>8.1f}%"
+                f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t.peak):>10}"
+            )
+        return "\n".join(lines)
+
+    def print_summary(self) -> None:
+        out = self.stream
+        if out is not None:
+            print(self.summary_text(), file=out, flush=True)

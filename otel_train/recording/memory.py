@@ -1,0 +1,66 @@
+"""Per-phase CUDA allocator peaks: the single owner of peak-statistic resets.
+
+At every phase boundary (enter or exit) the tracker reads the allocator's peak since
+the last reset, hands it to every phase open at that moment, and resets the peak.
+A phase's peak is therefore the maximum over the segments it spans, which stays
+correct under nesting (a parent sees its children's peaks, a child never sees its
+parent's earlier peak).
+
+Interaction with your own ``torch.cuda.reset_peak_memory_stats()``: with resets on
+(the default) otel-train resets at every phase boundary, so a peak you read yourself
+covers only the time since the last boundary. Turn resets off with
+``reset_peak_memory=False``: otel-train then never resets, your readings are
+undisturbed, and each phase's peak becomes the peak since the last reset anyone made
+(an upper bound of the phase's true peak).
+
+All reads are host-side allocator bookkeeping: no device synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MemorySample = tuple[int, int, int, int]  # peak allocated, peak reserved, retries, ooms
+
+
+class CudaMemoryTracker:
+    __slots__ = ("_raw", "_reset", "reset_peaks", "total_bytes")
+
+    def __init__(self, reset_peaks: bool, device: int | None = None) -> None:
+        self.reset_peaks = reset_peaks
+        index = torch.cuda.current_device() if device is None else device
+        self.total_bytes = int(torch.cuda.get_device_properties(index).total_memory)
+        # The nested stats dict avoids memory_stats()'s Python flattening on the hot path.
+        self._raw: Any = getattr(torch._C, "_cuda_memoryStats", None)
+        self._reset: Any = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
+
+    def sample(self) -> MemorySample:
+        device = torch.cuda.current_device()
+        if self._raw is not None:
+            s = self._raw(device)
+            out = (
+                int(s["allocated_bytes"]["all"]["peak"]),
+                int(s["reserved_bytes"]["all"]["peak"]),
+                int(s["num_alloc_retries"]),
+                int(s["num_ooms"]),
+            )
+        else:  # pragma: no cover - older/newer torch without the private binding
+            f = torch.cuda.memory_stats(device)
+            out = (
+                int(f.get("allocated_bytes.all.peak", 0)),
+                int(f.get("reserved_bytes.all.peak", 0)),
+                int(f.get("num_alloc_retries", 0)),
+                int(f.get("num_ooms", 0)),
+            )
+        if self.reset_peaks:
+            if self._reset is not None:
+                self._reset(device)
+            else:  # pragma: no cover
+                torch.cuda.reset_peak_memory_stats(device)
+        return out
+
+    def current(self) -> tuple[int, int]:
+        """Bytes allocated and reserved right now (for the OOM event)."""
+        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())

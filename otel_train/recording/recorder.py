@@ -1,0 +1,459 @@
+"""The hot path: steps and phases recorded as plain tuples, no OTel calls, no locks.
+
+What runs on the training thread per phase: two ``perf_counter_ns()`` reads, a
+stack push/pop and one tuple append; with CUDA also two ``cudaEventRecord``
+enqueues and (when memory tracking is on) two allocator-statistics reads. Finished
+steps go into a bounded deque that the worker drains; when it is full the oldest
+step is dropped and counted, never waited for.
+
+Usage::
+
+    rec = Recorder(settings, on_internal_error=log_once)
+    with rec.step(samples=32):
+        with rec.phase("forward"):
+            ...
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import traceback
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+
+from ..settings import Settings
+from .device import EventPool, cuda_ready
+from .memory import CudaMemoryTracker
+from .resolved import HOST_PHASES
+
+_log = logging.getLogger("otel_train")
+
+# How an open step is closed.
+EXPLICIT = 0  # by the end of ``with step()`` or the adapter's step method
+CYCLE = 1  # opened by a bare phase(): closed when a top-level phase name repeats
+ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer step)
+
+MAX_NAME = 128
+MAX_MESSAGE = 1024
+MAX_STACK = 8192
+
+
+class OpenStep:
+    """A step being recorded, then handed to the worker as is."""
+
+    __slots__ = (
+        "ev0",
+        "ev1",
+        "index",
+        "mode",
+        "phases",
+        "samples",
+        "scalars",
+        "seq",
+        "t0",
+        "t1",
+        "tokens",
+        "top",
+        "closed",
+        "device",
+    )
+
+    def __init__(self, index: int, t0: int, mode: int, ev0: Any, device: int | None) -> None:
+        self.index = index
+        self.t0 = t0
+        self.t1 = 0
+        self.mode = mode
+        self.ev0 = ev0
+        self.ev1: Any = None
+        self.samples: int | None = None
+        self.tokens: int | None = None
+        # (seq, parent_seq, name, t0, t1, ev0, ev1, memory, error)
+        self.phases: list[tuple[Any, ...]] = []
+        self.seq = 0
+        self.top: set[str] | None = set() if mode == CYCLE else None
+        self.scalars: list[tuple[str, Any]] | None = None
+        self.closed = False
+        self.device = device
+
+
+def describe_exception(exc_type: type[BaseException], exc: BaseException | None) -> tuple[Any, ...]:
+    """A small, frame-free description: keeping the exception would keep its frames alive."""
+    message = str(exc)[:MAX_MESSAGE] if exc is not None else ""
+    stack = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__ if exc else None))
+    oom = None
+    if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+        try:
+            oom = (
+                int(torch.cuda.memory_allocated()),
+                int(torch.cuda.memory_reserved()),
+                int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory),
+            )
+        except Exception:  # telemetry must not mask the user's OOM
+            oom = None
+    return (exc_type.__qualname__, message, stack[-8192:], oom)
+
+
+class PhaseScope:
+    """``with recorder.phase(name):``; cached per name, re-entrant (state lives on a stack)."""
+
+    __slots__ = ("_name", "_rec")
+
+    def __init__(self, rec: Recorder, name: str) -> None:
+        self._rec = rec
+        self._name = name
+
+    def __enter__(self) -> PhaseScope:
+        self._rec.enter(self._name)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        self._rec.exit(et, ev, self._name)
+        return False
+
+
+class StepScope:
+    __slots__ = ("_opened", "_rec", "_samples", "_tokens")
+
+    def __init__(self, rec: Recorder, samples: int | None, tokens: int | None) -> None:
+        self._rec = rec
+        self._samples = samples
+        self._tokens = tokens
+        self._opened: OpenStep | None = None
+
+    def __enter__(self) -> StepScope:
+        self._opened = self._rec.begin_step(EXPLICIT, self._samples, self._tokens)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        # A nested step opened nothing (the outer one stands): it must not end the outer one.
+        if self._opened is not None and self._opened is self._rec.current_step:
+            self._rec.end_step(EXPLICIT)
+        return False
+
+
+class Recorder:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.enabled = True
+        self.pending: collections.deque[OpenStep] = collections.deque()
+        self.max_pending = settings.max_pending_steps
+        self.dropped_steps = 0
+        self.dropped_phases = 0
+        self.events = EventPool()
+        self.memory: CudaMemoryTracker | None = None
+        self._cuda = False
+        self._cuda_checked_at = -1
+        self._want_cuda = settings.device_timing != "off"
+        self._tls = threading.local()
+        self._step: OpenStep | None = None
+        self._next_index = 0
+        self._scopes: dict[str, PhaseScope] = {}
+        self._failed_once = False
+        self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
+        if settings.device_timing == "cuda" and not torch.cuda.is_available():
+            from ..settings import ConfigError
+
+            raise ConfigError(
+                "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
+                "accepted values: 'auto', 'cuda', 'off'"
+            )
+
+    # -- public scopes -------------------------------------------------------------
+
+    def phase(self, name: str) -> PhaseScope:
+        scope = self._scopes.get(name)
+        if scope is None:
+            scope = PhaseScope(self, _clean_name(name))
+            if len(self._scopes) < 10_000:
+                self._scopes[name] = scope
+        return scope
+
+    def step(self, samples: int | None = None, tokens: int | None = None) -> StepScope:
+        return StepScope(self, _count(samples), _count(tokens))
+
+    # -- steps -----------------------------------------------------------------------
+
+    def _refresh_cuda(self) -> None:
+        # Cheap re-check until CUDA shows up: we never create a CUDA context ourselves.
+        if self._want_cuda and cuda_ready():
+            self._cuda = True
+            if self.settings.memory and self.memory is None:
+                self.memory = CudaMemoryTracker(self.settings.reset_peak_memory)
+
+    def begin_step(
+        self, mode: int, samples: int | None = None, tokens: int | None = None
+    ) -> OpenStep | None:
+        if not self.enabled:
+            return None
+        try:
+            current = self._step
+            if current is not None:
+                if mode == EXPLICIT and current.mode == EXPLICIT:
+                    return None  # nested explicit step: the outer one stands
+                if (mode == EXPLICIT and current.mode == ADAPTER and not self._stack()
+                        and all(p[2] in HOST_PHASES for p in current.phases)):
+                    # ``for batch in loader: with step():`` -- the instrumented loader's
+                    # fetch opened this step; it belongs to the user's step, not a step of its own.
+                    current.mode = EXPLICIT
+                    if samples is not None or tokens is not None:
+                        current.samples, current.tokens = samples, tokens
+                    return current
+                self._close(current, perf_counter_ns())
+            if not self._cuda:
+                self._refresh_cuda()
+            t0 = perf_counter_ns()
+            ev0 = self.events.record() if self._cuda else None
+            device = torch.cuda.current_device() if self._cuda else None
+            step = OpenStep(self._next_index, t0, mode, ev0, device)
+            step.samples, step.tokens = samples, tokens
+            self._next_index += 1
+            self._step = step
+            return step
+        except Exception:
+            self._fail()
+            return None
+
+    def end_step(self, mode: int) -> None:
+        step = self._step
+        if step is None or not self.enabled:
+            return
+        if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
+            return  # an adapter's optimizer step also ends a step that bare phases opened
+        try:
+            self._close(step, perf_counter_ns())
+        except Exception:
+            self._fail()
+
+    def add_counts(self, samples: int | None, tokens: int | None) -> None:
+        step = self._step
+        if step is None:
+            return
+        if samples is not None:
+            step.samples = (step.samples or 0) + samples
+        if tokens is not None:
+            step.tokens = (step.tokens or 0) + tokens
+
+    def discard_step_if_only(self, name: str) -> None:
+        """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
+        step = self._step
+        if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
+            self._step = None
+            if step.index == self._next_index - 1:
+                self._next_index -= 1  # keep step indices contiguous across epochs
+            self.events.release(step.ev0)
+            for p in step.phases:
+                self.events.release(p[5])
+                self.events.release(p[6])
+
+    @property
+    def current_step(self) -> OpenStep | None:
+        return self._step
+
+    def _close(self, step: OpenStep, t1: int) -> None:
+        step.t1 = t1
+        step.ev1 = self.events.record() if step.ev0 is not None else None
+        step.closed = True
+        self._step = None
+        pending = self.pending
+        if len(pending) >= self.max_pending:
+            try:
+                old = pending.popleft()
+                self.dropped_steps += 1
+                self._release_step(old)
+            except IndexError:
+                pass
+        pending.append(step)
+
+    def _release_step(self, step: OpenStep) -> None:
+        ev = self.events
+        ev.release(step.ev0)
+        ev.release(step.ev1)
+        for p in step.phases:
+            ev.release(p[5])
+            ev.release(p[6])
+
+    # -- phases ----------------------------------------------------------------------
+
+    def _stack(self) -> list[list[Any]]:
+        try:
+            return self._tls.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            self._tls.stack = []
+            return self._tls.stack  # type: ignore[no-any-return]
+
+    def enter(self, name: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            t = perf_counter_ns()
+            tls = self._tls
+            try:
+                stack = tls.stack
+            except AttributeError:
+                stack = tls.stack = []
+            step = self._step
+            if step is None or (step.top is not None and not stack):
+                step = self._enter_top(name, step, t)
+                if step is None:
+                    return
+            if self._cuda:
+                ev = self.events.record() if name not in HOST_PHASES else None
+                r0 = o0 = 0
+                mem = self.memory
+                if mem is not None:
+                    pa, pr, r0, o0 = mem.sample()
+                    for e in stack:
+                        if pa > e[6]:
+                            e[6] = pa
+                        if pr > e[7]:
+                            e[7] = pr
+            else:
+                ev = None
+                r0 = o0 = 0
+            seq = step.seq
+            step.seq = seq + 1
+            if stack:
+                if len(stack) >= MAX_STACK:
+                    raise RuntimeError("phase nesting deeper than 8192: enter/exit mismatch?")
+                top = stack[-1]
+                stack.append([name, seq, top[1] if top[5] is step else -1, t, ev, step, 0, 0, r0, o0])
+            else:
+                stack.append([name, seq, -1, t, ev, step, 0, 0, r0, o0])
+        except Exception:
+            self._fail()
+
+    def _enter_top(self, name: str, step: OpenStep | None, t: int) -> OpenStep | None:
+        """A top-level phase: open a cycle step if none, or start the next cycle."""
+        if step is None:
+            step = self.begin_step(CYCLE)
+        elif step.top is not None and name in step.top:
+            self._close(step, t)  # the name repeats: a new cycle begins here
+            step = self.begin_step(CYCLE)
+        if step is not None and step.top is not None:
+            step.top.add(name)
+        return step
+
+    def exit(self, exc_type: Any = None, exc: Any = None, name: str | None = None) -> None:
+        if not self.enabled:
+            return
+        try:
+            try:
+                stack = self._tls.stack
+            except AttributeError:
+                return
+            if not stack:
+                return
+            if name is not None and stack[-1][0] != name and any(e[0] == name for e in stack):
+                # Phases an adapter opened inside this one (the model's inferred forward)
+                # end with it; popping the wrong entry would leak this one on the stack.
+                while stack and stack[-1][0] != name and self.enabled:
+                    self.exit()
+                if not stack or not self.enabled:
+                    return
+            t = perf_counter_ns()
+            entry = stack[-1]
+            step = entry[5]
+            ev = self.events.record() if entry[4] is not None else None
+            memory = None
+            mem = self.memory
+            if mem is not None:
+                pa, pr, r, o = mem.sample()
+                for e in stack:
+                    if pa > e[6]:
+                        e[6] = pa
+                    if pr > e[7]:
+                        e[7] = pr
+                memory = (entry[6], entry[7], r - entry[8], o - entry[9])
+            stack.pop()
+            error = describe_exception(exc_type, exc) if exc_type is not None else None
+            if step.closed:
+                # The step ended (another thread or an adapter) while this phase ran.
+                self.dropped_phases += 1
+                self.events.release(entry[4])
+                self.events.release(ev)
+                return
+            step.phases.append((entry[1], entry[2], entry[0], entry[3], t, entry[4], ev, memory, error))
+        except Exception:
+            self._fail()
+
+    def exit_if_top(self, name: str) -> bool:
+        """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
+        stack = self._stack()
+        if stack and stack[-1][0] == name:
+            self.exit()
+            return True
+        return False
+
+    def open_phase_names(self) -> list[str]:
+        return [e[0] for e in self._stack()]
+
+    # -- user scalars ------------------------------------------------------------------
+
+    def record_scalars(self, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            step = self._step
+            for key, value in values.items():
+                name = _clean_name(key)
+                item = _scalar_value(value, self.events)
+                if item is None:
+                    continue
+                if step is not None:
+                    if step.scalars is None:
+                        step.scalars = []
+                    step.scalars.append((name, item))
+                else:
+                    self.loose_scalars.append((name, item))
+        except Exception:
+            self._fail()
+
+    # -- failure --------------------------------------------------------------------
+
+    def _fail(self) -> None:
+        """An error inside telemetry: log once, disable recording, never raise."""
+        self.enabled = False
+        if not self._failed_once:
+            self._failed_once = True
+            _log.exception("otel-train: internal error while recording; recording disabled")
+
+
+def _clean_name(name: Any) -> str:
+    text = name if isinstance(name, str) else str(name)
+    text = text[:MAX_NAME]
+    return text or "unnamed"
+
+
+def _count(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if number >= 0 else None
+
+
+def _scalar_value(value: Any, events: EventPool) -> Any:
+    """A float, or ``(pinned CPU tensor, event)`` being filled from the device (no sync)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        t = value.detach()
+        if t.is_cuda:
+            host = torch.empty((), dtype=torch.float64, pin_memory=True)
+            host.copy_(t.reshape(()), non_blocking=True)
+            return (host, events.record())
+        return float(t.item())
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None

@@ -1,0 +1,122 @@
+"""Spans built after the fact from resolved steps, through the OTel API only.
+
+Each sampled step becomes its own trace: a root ``otel_train.step`` span and one
+child span per phase, with explicit start/end timestamps (Unix-epoch ns). Phases
+with CUDA events carry device timestamps (see ``device.py`` for their meaning and
+error); host-only phases and CPU runs carry host timestamps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from .. import contract as c
+from .resolved import ResolvedPhase, ResolvedStep
+
+
+class SpanEmitter:
+    def __init__(self, tracer: trace.Tracer, rank: int, offset_ns: int) -> None:
+        self._tracer = tracer
+        self._rank = rank
+        self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns
+        self.emitted = 0
+        self.device_total: int | None = None  # bytes, set once CUDA memory tracking starts
+
+    def emit(self, step: ResolvedStep) -> tuple[int, int] | None:
+        """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""
+        off = self.offset_ns
+        host_s = step.host_seconds
+        attrs: dict[str, Any] = {
+            c.STEP_INDEX.key: step.index,
+            c.RANK.key: self._rank,
+            c.STEP_HOST_DURATION.key: host_s,
+            c.STEP_SAMPLED_BECAUSE.key: step.sampled_because,
+        }
+        if step.samples is not None:
+            attrs[c.STEP_SAMPLES.key] = step.samples
+            if host_s > 0:
+                attrs[c.STEP_THROUGHPUT_SAMPLES.key] = step.samples / host_s
+        if step.tokens is not None:
+            attrs[c.STEP_TOKENS.key] = step.tokens
+            if host_s > 0:
+                attrs[c.STEP_THROUGHPUT_TOKENS.key] = step.tokens / host_s
+        dev = step.device_seconds
+        if dev is not None:
+            attrs[c.STEP_DEVICE_DURATION.key] = dev
+        start = step.start + off
+        end = max(step.end + off, start)
+        root = self._tracer.start_span(
+            c.STEP_SPAN.name,
+            context=otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=start,
+        )
+        spans: dict[int, Any] = {}
+        for phase in step.phases:  # sorted by seq: parents come before children
+            parent = spans.get(phase.parent, root)
+            spans[phase.seq] = self._phase_span(phase, parent, step.index)
+        # End children before parents so exporters see a complete tree in order.
+        for phase in reversed(step.phases):
+            span = spans[phase.seq]
+            span.end(end_time=max(phase.end + off, phase.start + off))
+        if step.error:
+            root.set_status(Status(StatusCode.ERROR, "a phase raised"))
+        root.end(end_time=end)
+        self.emitted += 1 + len(step.phases)
+        ctx = root.get_span_context()
+        return ctx.trace_id, ctx.span_id
+
+    def _phase_span(self, phase: ResolvedPhase, parent: Any, index: int) -> Any:
+        attrs: dict[str, Any] = {
+            c.PHASE_NAME.key: phase.name,
+            c.STEP_INDEX.key: index,
+            c.PHASE_CLOCK.key: "host" if phase.dev_start is None else "device",
+            c.PHASE_HOST_DURATION.key: phase.host_seconds,
+        }
+        dev = phase.device_seconds
+        if dev is not None:
+            attrs[c.PHASE_DEVICE_DURATION.key] = dev
+        if phase.memory is not None:
+            peak_alloc, peak_res, retries, ooms = phase.memory
+            attrs[c.PHASE_PEAK_ALLOCATED.key] = peak_alloc
+            attrs[c.PHASE_PEAK_RESERVED.key] = peak_res
+            attrs[c.PHASE_ALLOC_RETRIES.key] = retries
+            attrs[c.PHASE_OOMS.key] = ooms
+        if phase.memory is not None and self.device_total:
+            attrs[c.PHASE_PEAK_UTILIZATION.key] = phase.memory[1] / self.device_total
+        span = self._tracer.start_span(
+            phase.name,
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=phase.start + self.offset_ns,
+        )
+        if phase.error is not None:
+            type_name, message, stack, oom = phase.error
+            span.add_event(
+                "exception",
+                {
+                    "exception.type": type_name,
+                    "exception.message": message,
+                    "exception.stacktrace": stack,
+                },
+                timestamp=phase.host_end + self.offset_ns,
+            )
+            if oom is not None:
+                allocated, reserved, total = oom
+                span.add_event(
+                    c.OOM_EVENT,
+                    {
+                        c.OOM_EVENT_ATTRIBUTES[0].key: allocated,
+                        c.OOM_EVENT_ATTRIBUTES[1].key: reserved,
+                        c.OOM_EVENT_ATTRIBUTES[2].key: total,
+                    },
+                    timestamp=phase.host_end + self.offset_ns,
+                )
+            span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
+        return span

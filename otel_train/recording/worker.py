@@ -1,0 +1,313 @@
+"""The background worker: resolves finished steps and feeds metrics, tables and spans.
+
+It wakes every ``poll_s`` (no per-step signalling from the training thread), takes
+finished steps off the recorder's deque in order, checks their CUDA events with the
+non-blocking ``query()`` and stops at the first step whose events have not
+completed. It never synchronises with the device. Its own CPU time per step is
+published as ``otel_train.overhead``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import contract as c
+from .aggregate import Exemplar, HistogramState, MetricsAggregator
+from .console import ConsoleReporter
+from .device import DeviceClock
+from .instruments import Publisher
+from .recorder import OpenStep, Recorder
+from .resolved import ResolvedPhase, ResolvedStep
+from .sampling import StepSampler
+from .spans import SpanEmitter
+
+_log = logging.getLogger("otel_train")
+
+A_PHASE, A_CLOCK, A_KIND, A_NAME, A_REASON = (
+    c.A_PHASE, c.A_CLOCK, c.A_KIND, c.A_NAME, c.A_REASON,
+)  # fmt: skip
+
+
+class Worker:
+    def __init__(
+        self,
+        recorder: Recorder,
+        aggregator: MetricsAggregator,
+        publisher: Publisher | None,
+        emitter: SpanEmitter | None,
+        sampler: StepSampler,
+        console: ConsoleReporter,
+        throughput_window: int,
+        poll_s: float = 0.05,
+        span_failures: Callable[[], int] | None = None,
+    ) -> None:
+        self._span_failures = span_failures
+        self.recorder = recorder
+        self.agg = aggregator
+        self.publisher = publisher
+        self.emitter = emitter
+        self.sampler = sampler
+        self.console = console
+        self.clock = DeviceClock(recorder.events)
+        self.poll_s = poll_s
+        self._throughput: collections.deque[tuple[int, int, int]] = collections.deque(
+            maxlen=throughput_window
+        )
+        self._phase_hist: dict[tuple[str, str], HistogramState] = {}
+        self._step_hist = aggregator.histogram(c.STEP_DURATION.name, ())
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one process() at a time (worker vs. shutdown drain)
+        self._thread: threading.Thread | None = None
+        self._cpu_ns = 0
+        self._cpu_steps = 0
+        self._overhead_ewma: float | None = None
+        self._device_total_set = False
+        self.steps_processed = 0
+        self.failed = False
+
+    # -- thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-train-worker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.process()
+
+    def stop(self, deadline: float) -> None:
+        """Drain what resolves before ``deadline`` (monotonic seconds), then stop."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        while True:
+            self.process()
+            if not self.recorder.pending or time.monotonic() >= deadline or self.failed:
+                break
+            time.sleep(0.005)
+        if not self.failed:
+            self._emit(self.sampler.close_window())
+            if self.console.every:
+                self.console.print_window()
+
+    # -- processing --------------------------------------------------------------------
+
+    def process(self) -> int:
+        if self.failed:
+            return 0
+        with self._lock:
+            t0 = time.thread_time_ns()
+            try:
+                batch = self._take_resolved()
+                self._update_metrics(batch)
+            except Exception:
+                self.failed = True
+                self.recorder.enabled = False
+                _log.exception("otel-train: internal error in the worker; telemetry disabled")
+                return 0
+            for step in batch:
+                self.console.add(step)
+                self._emit(self.sampler.offer(step))
+            if not batch and self.sampler.mode == "sampled":
+                self._emit(self.sampler.close_if_idle(time.perf_counter_ns()))
+            spent = time.thread_time_ns() - t0
+            if batch:
+                self._cpu_ns += spent
+                self._cpu_steps += len(batch)
+                per_step = self._cpu_ns / self._cpu_steps / 1e9
+                with self.agg.lock:
+                    self.agg.set(c.OVERHEAD.name, (), per_step)
+            return len(batch)
+
+    def _take_resolved(self) -> list[ResolvedStep]:
+        pending = self.recorder.pending
+        out: list[ResolvedStep] = []
+        while pending:
+            step = pending[0]
+            if step.ev0 is not None and not _completed(step):
+                break
+            pending.popleft()
+            out.append(self._resolve(step))
+        self._resolve_loose_scalars()
+        return out
+
+    def _resolve(self, step: OpenStep) -> ResolvedStep:
+        rs = ResolvedStep(step.index, step.t0, step.t1)
+        rs.samples, rs.tokens = step.samples, step.tokens
+        phases = sorted(step.phases)
+        timed: list[tuple[Any, int]] = []
+        if step.ev0 is not None:
+            timed.append((step.ev0, step.t0))
+            timed.append((step.ev1, step.t1))
+            for p in phases:
+                if p[5] is not None:
+                    timed.append((p[5], p[3]))
+                    timed.append((p[6], p[4]))
+            placed = self.clock.place(timed)
+            rs.dev_start, rs.dev_end = placed[0], placed[1]
+            it = iter(placed[2:])
+        depth: dict[int, int] = {}
+        for seq, parent, name, t0, t1, ev0, _ev1, memory, error in phases:
+            d0 = d1 = None
+            if ev0 is not None:
+                d0, d1 = next(it), next(it)
+            rp = ResolvedPhase(seq, parent, name, t0, t1, d0, d1, memory, error)
+            rp.depth = depth[seq] = depth.get(parent, -1) + 1 if parent >= 0 else 0
+            rs.phases.append(rp)
+            if error is not None:
+                rs.error = True
+        if step.scalars:
+            rs.scalars = [(n, v) for n, raw in step.scalars if (v := _scalar(raw)) is not None]
+        events = self.recorder.events
+        for ev, _ in timed:
+            if not self.clock.is_anchor(ev):
+                events.release(ev)
+        return rs
+
+    def _resolve_loose_scalars(self) -> None:
+        loose = self.recorder.loose_scalars
+        if not loose:
+            return
+        keep = []
+        values = []
+        while loose:
+            name, raw = loose.popleft()
+            if isinstance(raw, tuple) and not raw[1].query():
+                keep.append((name, raw))
+                continue
+            v = _scalar(raw)
+            if v is not None:
+                values.append((name, v))
+        loose.extend(keep)
+        if values:
+            with self.agg.lock:
+                for name, v in values:
+                    self.agg.set(c.SCALAR.name, ((A_NAME, name),), v)
+            for name, v in values:
+                self.console.last_scalars[name] = v
+
+    def _update_metrics(self, batch: list[ResolvedStep]) -> None:
+        rec = self.recorder
+        agg = self.agg
+        api = self.publisher is not None and bool(self.publisher.histograms)
+        records: list[tuple[str, Any, float]] = []
+        with agg.lock:
+            agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
+            if rec.dropped_steps:
+                agg.values.setdefault(c.DROPPED.name, {})[((A_REASON, "queue_full"),)] = float(
+                    rec.dropped_steps
+                )
+            if self._span_failures is not None:
+                failed = self._span_failures()
+                if failed:
+                    agg.values.setdefault(c.DROPPED.name, {})[((A_REASON, "export"),)] = float(
+                        failed
+                    )
+            if self.emitter is not None:
+                agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
+            if rec.memory is not None and not self._device_total_set:
+                self._device_total_set = True
+                total = rec.memory.total_bytes
+                agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
+                self.console.device_total = total
+                if self.emitter is not None:
+                    self.emitter.device_total = total
+            total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
+            for step in batch:
+                host_s = step.host_seconds
+                self._step_hist.observe(host_s)
+                if api:
+                    records.append((c.STEP_DURATION.name, (), host_s))
+                agg.add(c.STEPS.name, (), 1)
+                if step.samples is not None:
+                    agg.add(c.SAMPLES.name, (), step.samples)
+                if step.tokens is not None:
+                    agg.add(c.TOKENS.name, (), step.tokens)
+                for p in step.phases:
+                    clock = "host" if p.dev_start is None else "device"
+                    key = (p.name, clock)
+                    h = self._phase_hist.get(key)
+                    if h is None:
+                        h = self._phase_hist[key] = agg.histogram(
+                            c.PHASE_DURATION.name, ((A_CLOCK, clock), (A_PHASE, p.name))
+                        )
+                    seconds = p.seconds
+                    h.observe(seconds)
+                    if api:
+                        records.append(
+                            (c.PHASE_DURATION.name, ((A_CLOCK, clock), (A_PHASE, p.name)), seconds)
+                        )
+                    if p.memory is not None:
+                        agg.set(c.PHASE_MEMORY_PEAK.name, ((A_KIND, "allocated"), (A_PHASE, p.name)), p.memory[0])
+                        agg.set(c.PHASE_MEMORY_PEAK.name, ((A_KIND, "reserved"), (A_PHASE, p.name)), p.memory[1])
+                        if total_bytes:
+                            agg.set(c.PHASE_MEMORY_UTILIZATION.name, ((A_PHASE, p.name),), p.memory[1] / total_bytes)
+                for name, v in step.scalars:
+                    agg.set(c.SCALAR.name, ((A_NAME, name),), v)
+                self._throughput.append((step.host_end, step.samples or 0, step.tokens or 0))
+                self._update_throughput(step)
+                self.steps_processed += 1
+        if api:
+            assert self.publisher is not None
+            for name, attrs, value in records:
+                self.publisher.record(name, attrs, value)
+
+    def _update_throughput(self, step: ResolvedStep) -> None:
+        window = self._throughput
+        if len(window) >= 2:
+            span_s = (window[-1][0] - window[0][0]) / 1e9
+            samples = sum(w[1] for w in list(window)[1:])
+            tokens = sum(w[2] for w in list(window)[1:])
+        else:
+            span_s = step.host_seconds
+            samples, tokens = step.samples or 0, step.tokens or 0
+        if span_s <= 0:
+            return
+        if step.samples is not None:
+            self.agg.set(c.THROUGHPUT_SAMPLES.name, (), samples / span_s)
+        if step.tokens is not None:
+            self.agg.set(c.THROUGHPUT_TOKENS.name, (), tokens / span_s)
+
+    # -- spans -------------------------------------------------------------------------
+
+    def _emit(self, steps: list[ResolvedStep]) -> None:
+        emitter = self.emitter
+        if emitter is None or not steps:
+            return
+        for step in steps:
+            try:
+                ids = emitter.emit(step)
+            except Exception:
+                self.emitter = None
+                _log.exception("otel-train: emitting spans failed; spans disabled")
+                return
+            if ids is None:
+                continue
+            trace_id, span_id = ids
+            when = step.host_end + emitter.offset_ns
+            with self.agg.lock:
+                self._step_hist.attach_exemplar(
+                    Exemplar(step.host_seconds, when, trace_id, span_id)
+                )
+                for p in step.phases:
+                    clock = "host" if p.dev_start is None else "device"
+                    h = self._phase_hist.get((p.name, clock))
+                    if h is not None:
+                        h.attach_exemplar(Exemplar(p.seconds, when, trace_id, span_id))
+
+
+def _completed(step: OpenStep) -> bool:
+    if not step.ev1.query():
+        return False
+    return all(p[6] is None or p[6].query() for p in step.phases)
+
+
+def _scalar(raw: Any) -> float | None:
+    if isinstance(raw, tuple):  # (pinned host tensor, event): filled once the event completed
+        return float(raw[0].item())
+    return raw if isinstance(raw, float) else None

@@ -1,0 +1,262 @@
+"""Settings: one frozen dataclass, resolved once at ``instrument()``/``configure()`` time.
+
+Precedence: keyword argument > ``OTEL_TRAIN_<NAME>`` environment variable > default.
+Standard ``OTEL_*`` variables keep their standard meaning and are read by the SDK
+and exporters themselves (endpoint, headers, protocol, service name, ...).
+
+A bad value raises :class:`ConfigError` naming the setting, where it came from and
+the accepted values; nothing is silently ignored.
+
+Usage::
+
+    settings = Settings.resolve({"console_every": 50})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "OTEL_TRAIN_"
+
+
+class ConfigError(ValueError):
+    """A setting has a value otel-train does not accept."""
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        text = str(value).strip().lower() if isinstance(value, str) else value
+        if text not in allowed:
+            raise ConfigError(f"must be one of {', '.join(repr(a) for a in allowed)}")
+        return str(text)
+
+    return parse
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+    raise ConfigError("must be a boolean (true/false, 1/0, yes/no, on/off)")
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool):
+            raise ConfigError(f"must be an integer from {lo} to {hi}")
+        try:
+            number = int(value.strip()) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"must be an integer from {lo} to {hi}") from None
+        if isinstance(value, float) and value != number:
+            raise ConfigError(f"must be an integer from {lo} to {hi}")
+        if not lo <= number <= hi:
+            raise ConfigError(f"must be an integer from {lo} to {hi}")
+        return number
+
+    return parse
+
+
+def _float_range(lo: float, hi: float) -> Callable[[str, Any], float]:
+    def parse(name: str, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
+        try:
+            number = float(value.strip()) if isinstance(value, str) else float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"must be a number from {lo:g} to {hi:g}") from None
+        if not lo <= number <= hi:  # also rejects NaN
+            raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
+        return number
+
+    return parse
+
+
+def _optional_str(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError("must be a string")
+    text = value.strip()
+    if len(text) > 2048:
+        raise ConfigError("must be at most 2048 characters")
+    return text or None
+
+
+def _host(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+        raise ConfigError("must be a host name or IP address, for example '127.0.0.1'")
+    return value.strip()
+
+
+def _endpoint(name: str, value: Any) -> str | None:
+    text = _optional_str(name, value)
+    if text is not None and not text.startswith(("http://", "https://")):
+        raise ConfigError("must be a URL starting with http:// or https://")
+    return text
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything otel-train can be told. Field docs double as the README table."""
+
+    service_name: str | None = field(
+        default=None,
+        metadata={"parse": _optional_str, "doc": "service.name; default OTEL_SERVICE_NAME, "
+                  "else 'otel-train'."},
+    )
+    otlp_endpoint: str | None = field(
+        default=None,
+        metadata={"parse": _endpoint, "doc": "OTLP base URL. Default: the standard "
+                  "OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ / _METRICS_ variables; none = no OTLP."},
+    )
+    otlp_protocol: str = field(
+        default="http/protobuf",
+        metadata={"parse": _choice("http/protobuf", "grpc"), "std_env":
+                  "OTEL_EXPORTER_OTLP_PROTOCOL", "doc": "http/protobuf (fork-safe) or grpc."},
+    )
+    prometheus: bool = field(
+        default=True,
+        metadata={"parse": _bool, "doc": "Serve /metrics when otel-train configures the SDK."},
+    )
+    prometheus_host: str = field(
+        default="127.0.0.1",
+        metadata={"parse": _host, "std_env": "OTEL_EXPORTER_PROMETHEUS_HOST",
+                  "doc": "Interface /metrics binds to (loopback unless you opt in)."},
+    )
+    prometheus_port: int = field(
+        default=9464,
+        metadata={"parse": _int_range(0, 65535), "std_env": "OTEL_EXPORTER_PROMETHEUS_PORT",
+                  "doc": "Port of /metrics (0 = any free port)."},
+    )
+    metric_export_interval: float = field(
+        default=10.0,
+        metadata={"parse": _float_range(0.1, 3600.0), "doc": "Seconds between OTLP metric "
+                  "exports (OTEL_METRIC_EXPORT_INTERVAL, in ms, is honoured when set)."},
+    )
+    console_every: int = field(
+        default=100,
+        metadata={"parse": _int_range(0, 10**9), "doc": "Print the per-step phase table every "
+                  "N steps; 0 = never. The run summary prints at shutdown unless console is off."},
+    )
+    console: str = field(
+        default="stderr",
+        metadata={"parse": _choice("stderr", "stdout", "off"), "doc": "Where tables go."},
+    )
+    trace_steps: str = field(
+        default="sampled",
+        metadata={"parse": _choice("sampled", "all", "none"), "doc": "Which steps become "
+                  "traces: sampled (the slowest of each window, errors and the first), all, none."},
+    )
+    trace_window: int = field(
+        default=100,
+        metadata={"parse": _int_range(1, 10**7), "doc": "Steps per sampling window."},
+    )
+    trace_window_seconds: float = field(
+        default=60.0,
+        metadata={"parse": _float_range(0.01, 86400.0), "doc": "A sampling window also "
+                  "closes after this many seconds."},
+    )
+    trace_slowest: int = field(
+        default=1,
+        metadata={"parse": _int_range(0, 1000), "doc": "Slowest steps traced per window."},
+    )
+    device_timing: str = field(
+        default="auto",
+        metadata={"parse": _choice("auto", "cuda", "off"), "doc": "CUDA event timing: auto "
+                  "(when CUDA is available), cuda (required), off."},
+    )
+    memory: bool = field(
+        default=True,
+        metadata={"parse": _bool, "doc": "Per-phase CUDA allocator peaks."},
+    )
+    reset_peak_memory: bool = field(
+        default=True,
+        metadata={"parse": _bool, "doc": "Reset the allocator's peak statistics at phase "
+                  "boundaries (exact per-phase peaks). Off: peaks are since the last reset "
+                  "anyone made (upper bounds), and your own resets are never disturbed."},
+    )
+    max_pending_steps: int = field(
+        default=1024,
+        metadata={"parse": _int_range(1, 10**6), "doc": "Finished steps held while their "
+                  "CUDA events resolve; beyond it the oldest is dropped and counted."},
+    )
+    shutdown_timeout: float = field(
+        default=5.0,
+        metadata={"parse": _float_range(0.0, 600.0), "doc": "Seconds shutdown() may take, "
+                  "flush included, even with the collector down."},
+    )
+    throughput_window: int = field(
+        default=20,
+        metadata={"parse": _int_range(2, 10**6), "doc": "Steps in the throughput gauge window."},
+    )
+
+    @classmethod
+    def resolve(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build settings from keyword overrides, then OTEL_TRAIN_* variables, then defaults."""
+        env = os.environ if environ is None else environ
+        overrides = dict(overrides or {})
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown otel_train setting(s) {', '.join(unknown)}; accepted: "
+                f"{', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            parse = f.metadata["parse"]
+            env_name = ENV_PREFIX + name.upper()
+            std_env = f.metadata.get("std_env")
+            if name in overrides:
+                raw, source = overrides[name], f"argument {name}="
+            elif env_name in env:
+                raw, source = env[env_name], f"environment variable {env_name}"
+            elif std_env and std_env in env:
+                raw, source = env[std_env], f"environment variable {std_env}"
+            else:
+                continue
+            try:
+                values[name] = parse(name, raw)
+            except ConfigError as err:
+                raise ConfigError(
+                    f"otel_train setting '{name}' (from {source}) {err}; got {raw!r}"
+                ) from None
+        if "metric_export_interval" not in values and "OTEL_METRIC_EXPORT_INTERVAL" in env:
+            raw = env["OTEL_METRIC_EXPORT_INTERVAL"]
+            try:
+                values["metric_export_interval"] = (
+                    _float_range(100.0, 3_600_000.0)("metric_export_interval", raw) / 1000.0
+                )
+            except ConfigError as err:
+                raise ConfigError(
+                    "otel_train setting 'metric_export_interval' (from environment variable "
+                    f"OTEL_METRIC_EXPORT_INTERVAL, milliseconds) {err}; got {raw!r}"
+                ) from None
+        return cls(**values)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def settings_table() -> str:
+    """Markdown table of every setting (used in the README)."""
+    rows = ["| setting | environment | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        env = f"`{ENV_PREFIX}{f.name.upper()}`"
+        if f.metadata.get("std_env"):
+            env += f", `{f.metadata['std_env']}`"
+        rows.append(f"| `{f.name}` | {env} | `{f.default!r}` | {f.metadata['doc']} |")
+    return "\n".join(rows)
