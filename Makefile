@@ -1,4 +1,4 @@
-.PHONY: demo test lint docs bench stack-up stack-down gpu-wheels
+.PHONY: demo test lint docs dashboards bench stack-up stack-down gpu-wheels
 
 demo:            ## set up and run the demo training job
 	scripts/demo
@@ -11,7 +11,10 @@ lint:
 	.venv/bin/ruff format --check otel_train
 
 docs:            ## regenerate docs/telemetry.md from the telemetry contract
-	.venv/bin/python -m otel_train.contract > docs/telemetry.md
+	.venv/bin/otel-train telemetry > docs/telemetry.md
+
+dashboards:      ## regenerate grafana/ (dashboards and provisioning) from grafana/build.py
+	.venv/bin/python grafana/build.py
 
 bench:           ## CPU overhead benchmark (figures printed side by side)
 	.venv/bin/python benchmarks/overhead.py

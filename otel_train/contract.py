@@ -1,9 +1,9 @@
 """The telemetry contract: every span, attribute and metric otel-train emits.
 
 This module is the single source of truth. ``docs/telemetry.md`` is generated
-from it (``python -m otel_train.contract > docs/telemetry.md``, checked by a
-test), the recording core takes its names from here, and the dashboard checks
-translate these names to Prometheus names with :func:`prometheus_names`.
+from it (``otel-train telemetry > docs/telemetry.md``, checked by a test), the
+recording core takes its names from here, and the dashboard checks translate these
+names to Prometheus names with :func:`prometheus_names`.
 
 Usage::
 
@@ -250,6 +250,12 @@ PROCESS_MEMORY_PEAK_RSS = MetricSpec(
     "By",
     "Peak resident set size of the training process.",
 )
+HOST_MEMORY_TOTAL = MetricSpec(
+    "otel_train.host.memory.total",
+    "gauge",
+    "By",
+    "Physical memory of the host (the limit process RSS is read against on CPU runs).",
+)
 THROUGHPUT_SAMPLES = MetricSpec(
     "otel_train.throughput.samples",
     "gauge",
@@ -303,6 +309,7 @@ METRICS = (
     DEVICE_MEMORY_LIMIT,
     PROCESS_MEMORY_RSS,
     PROCESS_MEMORY_PEAK_RSS,
+    HOST_MEMORY_TOTAL,
     THROUGHPUT_SAMPLES,
     THROUGHPUT_TOKENS,
     STEPS,
@@ -337,10 +344,20 @@ def _unit_suffix(unit: str) -> str:
     return _UNIT_WORDS.get(unit, unit)
 
 
-def prometheus_base_name(spec: MetricSpec) -> str:
-    """The metric's Prometheus name (before the _bucket/_sum/_count series suffixes)."""
+def prometheus_base_name(spec: MetricSpec, source: str = "otlp") -> str:
+    """The metric's Prometheus name (before the _bucket/_sum/_count series suffixes).
+
+    ``source="otlp"``: as Prometheus's OTLP receiver names it (translation strategy
+    UnderscoreEscapingWithSuffixes; what the dashboards query). ``source="scrape"``: as
+    the in-process ``/metrics`` endpoint names it. They differ only for gauges of unit
+    ``1``, which get a ``_ratio`` suffix over OTLP and none from the Python exporter.
+    """
+    if source not in ("otlp", "scrape"):
+        raise ValueError("source must be 'otlp' or 'scrape'")
     name = re.sub(r"[^a-zA-Z0-9:]", "_", spec.name)
     suffix = _unit_suffix(spec.unit)
+    if spec.unit == "1" and spec.instrument == "gauge" and source == "otlp":
+        suffix = "ratio"
     if suffix and not name.endswith("_" + suffix):
         name = f"{name}_{suffix}"
     if spec.instrument == "counter":
@@ -348,9 +365,9 @@ def prometheus_base_name(spec: MetricSpec) -> str:
     return name
 
 
-def prometheus_names(spec: MetricSpec) -> tuple[str, ...]:
-    """Every series name a scrape of this metric shows."""
-    base = prometheus_base_name(spec)
+def prometheus_names(spec: MetricSpec, source: str = "otlp") -> tuple[str, ...]:
+    """Every series name a query of this metric can use."""
+    base = prometheus_base_name(spec, source)
     if spec.instrument == "histogram":
         return (f"{base}_bucket", f"{base}_sum", f"{base}_count")
     return (base,)
@@ -364,7 +381,7 @@ def render_markdown() -> str:
     out = [
         "# Telemetry reference",
         "",
-        "Generated from `otel_train/contract.py` by `python -m otel_train.contract`; "
+        "Generated from `otel_train/contract.py` by `otel-train telemetry`; "
         "a test keeps this file identical to that output. Do not edit by hand.",
         "",
         f"Instrumentation scope: `{SCOPE_NAME}`. Units are UCUM.",
@@ -392,6 +409,9 @@ def render_markdown() -> str:
     out += [
         "",
         "## Metrics",
+        "",
+        "Prometheus names are those of Prometheus's OTLP receiver; the in-process `/metrics` "
+        "endpoint names gauges of unit `1` without the `_ratio` suffix.",
         "",
         "| metric | instrument | unit | attributes | Prometheus | description |",
         "|---|---|---|---|---|---|",

@@ -10,6 +10,7 @@ records them through ``Histogram.record`` on the worker thread (about 5 us each)
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import sys
 from collections.abc import Callable, Iterable
@@ -25,8 +26,6 @@ _log = logging.getLogger("otel_train")
 
 _PAGE = 4096
 try:  # pragma: no branch
-    import os
-
     _PAGE = os.sysconf("SC_PAGE_SIZE")
 except (ValueError, OSError, AttributeError):  # pragma: no cover
     pass
@@ -37,6 +36,13 @@ def _rss_bytes() -> int | None:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _host_total_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * _PAGE
+    except (ValueError, OSError, AttributeError):
         return None
 
 
@@ -51,6 +57,7 @@ class Publisher:
     ) -> None:
         self._agg = aggregator
         self._failed: set[str] = set()
+        self.closed = False
         self.histograms: dict[str, Any] = {}
         for spec in c.METRICS:
             if spec.instrument == "histogram":
@@ -70,6 +77,8 @@ class Publisher:
     def _callback_for(self, spec: c.MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
         if spec is c.PROCESS_MEMORY_RSS:
             return self._guard(spec.name, lambda: [] if (v := _rss_bytes()) is None else [Observation(v)])
+        if spec is c.HOST_MEMORY_TOTAL:
+            return self._guard(spec.name, lambda: [] if (v := _host_total_bytes()) is None else [Observation(v)])
         if spec is c.PROCESS_MEMORY_PEAK_RSS:
             return self._guard(spec.name, lambda: [Observation(_peak_rss_bytes())])
         return self._reader(spec.name)
@@ -82,6 +91,8 @@ class Publisher:
         self, name: str, produce: Callable[[], list[Observation]]
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
+            if self.closed:
+                return []
             try:
                 return produce()
             except Exception:

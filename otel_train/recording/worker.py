@@ -69,6 +69,11 @@ class Worker:
         self._device_total_set = False
         self.steps_processed = 0
         self.failed = False
+        # Counters start at zero so their series exist (and rate() works) before any drop.
+        dropped = aggregator.values.setdefault(c.DROPPED.name, {})
+        dropped[((A_REASON, "queue_full"),)] = 0.0
+        if span_failures is not None:
+            dropped[((A_REASON, "export"),)] = 0.0
 
     # -- thread ----------------------------------------------------------------------
 
@@ -299,6 +304,10 @@ class Worker:
                     h = self._phase_hist.get((p.name, clock))
                     if h is not None:
                         h.attach_exemplar(Exemplar(p.seconds, when, trace_id, span_id))
+        # Spans are emitted after the batch's metrics were updated: publish the count now,
+        # or the last batch (and the shutdown drain) would never be counted.
+        with self.agg.lock:
+            self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
 
 
 def _completed(step: OpenStep) -> bool:

@@ -1,0 +1,287 @@
+"""Build the provisioned Grafana dashboards and datasources from one source: this file.
+
+Every PromQL query is built from ``otel_train.contract`` names translated the way
+Prometheus's OTLP receiver names them, so a renamed metric breaks the build, not the
+dashboard. ``python grafana/build.py`` rewrites the JSON/YAML under ``grafana/``; a
+test checks that the committed files equal this output and that every query names only
+contract metrics.
+
+Dashboards:
+- training overview: step time p50/p95, throughput, time per phase (stacked), peak
+  memory per phase against the device limit (host RSS against host memory on CPU
+  runs), per-rank step time spread, loss, the layer's own health.
+- RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
+  of the iteration, reward.
+Histogram panels show exemplars; a click on one opens that step's trace in Jaeger.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from otel_train import contract as c  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PROM_UID = "otel-train-prometheus"
+JAEGER_UID = "otel-train-jaeger"
+PROM = {"type": "prometheus", "uid": PROM_UID}
+
+# Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
+# adds otel_train_source="scrape" (deploy/prometheus.yml), so no series counts twice.
+F = 'job=~"$job", otel_train_rank=~"$rank", otel_train_source=""'
+RATE = "$__rate_interval"
+
+
+def n(spec: c.MetricSpec, series: str = "") -> str:
+    base = c.prometheus_base_name(spec)
+    return f"{base}_{series}" if series else base
+
+
+def target(expr: str, legend: str, ref: str, exemplar: bool = False) -> dict[str, Any]:
+    return {
+        "datasource": PROM,
+        "expr": expr,
+        "legendFormat": legend,
+        "refId": ref,
+        "exemplar": exemplar,
+        "range": True,
+    }
+
+
+def panel(
+    title: str,
+    targets: list[dict[str, Any]],
+    unit: str,
+    grid: tuple[int, int, int, int],
+    kind: str = "timeseries",
+    stacked: bool = False,
+    description: str = "",
+) -> dict[str, Any]:
+    x, y, w, h = grid
+    custom: dict[str, Any] = {"lineWidth": 1, "fillOpacity": 30 if stacked else 5}
+    if stacked:
+        custom["stacking"] = {"mode": "normal", "group": "A"}
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": PROM,
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"},
+                    "tooltip": {"mode": "multi"}},
+    }
+
+
+def variables() -> dict[str, Any]:
+    steps = n(c.STEPS)
+
+    def var(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": PROM,
+            "query": {"query": query, "refId": f"var-{name}"},
+            "definition": query,
+            "refresh": 2,
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1,
+        }
+
+    return {
+        "list": [
+            var("job", "service / job", f"label_values({steps}, job)"),
+            var("rank", "rank", f'label_values({steps}{{job=~"$job"}}, otel_train_rank)'),
+        ]
+    }
+
+
+def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str]) -> dict[str, Any]:
+    for i, p in enumerate(panels, start=1):
+        p["id"] = i
+    return {
+        "uid": uid,
+        "title": title,
+        "tags": ["otel-train", *tags],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "time": {"from": "now-30m", "to": "now"},
+        "templating": variables(),
+        "annotations": {"list": []},
+        "links": [
+            {"title": "Traces in Jaeger", "type": "link", "targetBlank": True,
+             "url": "/explore?left=" + json.dumps(
+                 {"datasource": JAEGER_UID, "queries": [{"refId": "A", "queryType": "search",
+                                                        "service": "$job"}]},
+                 separators=(",", ":"))},
+        ],
+        "panels": panels,
+    }
+
+
+def step_quantile(q: float, by: str = "") -> str:
+    group = f"le, {by}" if by else "le"
+    return (f"histogram_quantile({q}, sum by ({group}) "
+            f"(rate({n(c.STEP_DURATION, 'bucket')}{{{F}}}[{RATE}])))")
+
+
+def phase_seconds_per_step(phases: str = "") -> str:
+    sel = f'{F}, phase=~"{phases}"' if phases else F
+    return (f"sum by (phase) (rate({n(c.PHASE_DURATION, 'sum')}{{{sel}}}[{RATE}])) "
+            f"/ scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))")
+
+
+def memory_targets(phases: str = "") -> list[dict[str, Any]]:
+    sel = f'{F}, kind="allocated"' + (f', phase=~"{phases}"' if phases else "")
+    peak = (f"max by (phase) ({n(c.PHASE_MEMORY_PEAK)}{{{sel}}}) or on() "
+            f'label_replace(max({n(c.PROCESS_MEMORY_PEAK_RSS)}{{{F}}}), "phase", "host peak RSS", "", "")')
+    limit = (f"max({n(c.DEVICE_MEMORY_LIMIT)}{{{F}}}) or on() "
+             f"max({n(c.HOST_MEMORY_TOTAL)}{{{F}}})")
+    return [target(peak, "{{phase}}", "A"), target(limit, "limit", "B")]
+
+
+def overview() -> dict[str, Any]:
+    panels = [
+        panel("Step time p50 / p95", [
+            target(step_quantile(0.5), "p50", "A", exemplar=True),
+            target(step_quantile(0.95), "p95", "B", exemplar=True),
+        ], "s", (0, 0, 12, 8), description="Host wall time per step. Exemplar dots open the "
+              "sampled step's trace in Jaeger."),
+        panel("Throughput", [
+            target(f"sum({n(c.THROUGHPUT_SAMPLES)}{{{F}}})", "samples/s", "A"),
+            target(f"sum({n(c.THROUGHPUT_TOKENS)}{{{F}}})", "tokens/s", "B"),
+        ], "short", (12, 0, 12, 8), description="Summed over the selected ranks."),
+        panel("Time per phase (per step)", [
+            target(phase_seconds_per_step(), "{{phase}}", "A"),
+        ], "s", (0, 8, 12, 8), stacked=True, description="Mean seconds per step spent in each "
+              "phase (device time where measured). Nested phases are included in their parents."),
+        panel("Peak memory per phase", memory_targets(), "bytes", (12, 8, 12, 8),
+              description="Peak CUDA allocator bytes per phase against device memory; on CPU "
+              "runs, host peak RSS against host memory."),
+        panel("Step time by rank (p50)", [
+            target(step_quantile(0.5, "otel_train_rank"), "rank {{otel_train_rank}}", "A",
+                   exemplar=True),
+        ], "s", (0, 16, 12, 8), description="Spread across ranks: a rank above the others is a "
+              "straggler."),
+        panel("Loss", [
+            target(f'{n(c.SCALAR)}{{{F}, name="loss"}}', "rank {{otel_train_rank}}", "A"),
+        ], "short", (12, 16, 12, 8), description="Recorded with otel_train.record(loss=...)."),
+        panel("otel-train health", [
+            target(f"max({n(c.PENDING_STEPS)}{{{F}}})", "pending steps", "A"),
+            target(f"sum by (reason) (rate({n(c.DROPPED)}{{{F}}}[{RATE}]))", "dropped {{reason}}/s", "B"),
+            target(f"sum(rate({n(c.SPANS_EMITTED)}{{{F}}}[{RATE}]))", "spans/s", "C"),
+        ], "short", (0, 24, 12, 8), description="Steps waiting for CUDA events, telemetry "
+              "dropped so training never waits, spans emitted."),
+        panel("otel-train CPU time per step", [
+            target(f"max({n(c.OVERHEAD)}{{{F}}})", "worker CPU s/step", "A"),
+        ], "s", (12, 24, 12, 8)),
+    ]
+    return dashboard("otel-train-overview", "otel-train: training overview", panels, ["training"])
+
+
+RL = "rollout|train|optimizer|weight_sync"
+
+
+def rl_loop() -> dict[str, Any]:
+    share = (f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{{F}, phase=~"{RL}"}}[{RATE}])) '
+             f"/ scalar(sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])))")
+    quantile = (f"histogram_quantile(0.95, sum by (le, phase) (rate("
+                f'{n(c.PHASE_DURATION, "bucket")}{{{F}, phase=~"{RL}"}}[{RATE}])))')
+    panels = [
+        panel("Iteration time by phase", [target(phase_seconds_per_step(RL), "{{phase}}", "A")],
+              "s", (0, 0, 12, 8), stacked=True,
+              description="Mean seconds per iteration in rollout, train, optimizer and weight sync."),
+        panel("Share of the iteration", [target(share, "{{phase}}", "A")], "percentunit",
+              (12, 0, 12, 8), kind="bargauge"),
+        panel("Phase time p95", [target(quantile, "{{phase}}", "A", exemplar=True)], "s",
+              (0, 8, 12, 8), description="Exemplar dots open the slow iteration's trace."),
+        panel("Peak memory per phase", memory_targets(RL), "bytes", (12, 8, 12, 8)),
+        panel("Reward", [target(f'{n(c.SCALAR)}{{{F}, name="reward"}}', "rank {{otel_train_rank}}",
+                                "A")], "short", (0, 16, 12, 8),
+              description="Recorded with otel_train.record(reward=...)."),
+        panel("Iterations per second", [
+            target(f"sum(rate({n(c.STEPS)}{{{F}}}[{RATE}]))", "iterations/s", "A"),
+        ], "short", (12, 16, 12, 8)),
+    ]
+    return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"])
+
+
+def datasources() -> str:
+    return f"""# Generated by grafana/build.py; do not edit by hand.
+apiVersion: 1
+datasources:
+  - name: Prometheus
+    type: prometheus
+    uid: {PROM_UID}
+    access: proxy
+    url: http://prometheus:9090
+    isDefault: true
+    editable: false
+    jsonData:
+      httpMethod: POST
+      timeInterval: 15s
+      exemplarTraceIdDestinations:
+        - name: trace_id
+          datasourceUid: {JAEGER_UID}
+  - name: Jaeger
+    type: jaeger
+    uid: {JAEGER_UID}
+    access: proxy
+    url: http://jaeger:16686
+    editable: false
+"""
+
+
+def dashboard_provider() -> str:
+    return """# Generated by grafana/build.py; do not edit by hand.
+apiVersion: 1
+providers:
+  - name: otel-train
+    folder: otel-train
+    type: file
+    disableDeletion: false
+    allowUiUpdates: false
+    updateIntervalSeconds: 30
+    options:
+      path: /var/lib/grafana/dashboards
+      foldersFromFilesStructure: false
+"""
+
+
+def outputs() -> dict[str, str]:
+    """Relative path under grafana/ -> file content."""
+    def js(d: dict[str, Any]) -> str:
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    return {
+        "dashboards/training-overview.json": js(overview()),
+        "dashboards/rl-loop.json": js(rl_loop()),
+        "provisioning/datasources/datasources.yaml": datasources(),
+        "provisioning/dashboards/dashboards.yaml": dashboard_provider(),
+    }
+
+
+def main() -> None:
+    for rel, text in outputs().items():
+        path = HERE / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote grafana/{rel}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The provisioned Grafana files: generated from grafana/build.py, valid for Grafana's
+provisioning, and querying only metric names the telemetry contract defines."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from otel_train import contract as c
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "grafana"
+
+
+def _build_module() -> Any:
+    spec = importlib.util.spec_from_file_location("grafana_build", GRAFANA / "build.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUILD = _build_module()
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+CONTRACT_NAMES = {name for m in c.METRICS for name in c.prometheus_names(m)}
+
+
+def all_queries(dash: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"]]
+    return exprs
+
+
+def metric_names(expr: str) -> set[str]:
+    # A metric name in PromQL stands before a selector "{" or as label_values' first argument.
+    names = set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", expr))
+    names |= set(re.findall(r"label_values\(([a-zA-Z_:][a-zA-Z0-9_:]*)", expr))
+    return names
+
+
+def test_committed_files_are_the_build_output() -> None:
+    for rel, text in BUILD.outputs().items():
+        assert (GRAFANA / rel).read_text() == text, f"grafana/{rel} is stale: run make dashboards"
+
+
+def test_two_dashboards_exist() -> None:
+    assert [p.name for p in DASHBOARDS] == ["rl-loop.json", "training-overview.json"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_queries_use_only_contract_metric_names(path: Path) -> None:
+    dash = json.loads(path.read_text())
+    used: set[str] = set()
+    for expr in all_queries(dash):
+        names = metric_names(expr)
+        assert names, f"no metric name found in {expr!r}"
+        unknown = names - CONTRACT_NAMES
+        assert not unknown, f"{path.name}: {sorted(unknown)} are not in the telemetry contract"
+        used |= names
+    assert used
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_has_what_grafana_requires(path: Path) -> None:
+    dash = json.loads(path.read_text())
+    for key in ("uid", "title", "panels", "schemaVersion", "templating"):
+        assert key in dash
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", dash["uid"])
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        assert p["type"] in {"timeseries", "bargauge", "stat"}
+        assert set(p["gridPos"]) == {"x", "y", "w", "h"}
+        assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(refs) == len(set(refs))
+    names = {v["name"] for v in dash["templating"]["list"]}
+    for expr in all_queries(dash):
+        for var in re.findall(r"\$(\w+)", expr):
+            assert var in names or var.startswith("__"), f"undefined variable ${var}"
+
+
+def test_datasources_provisioning_and_uids() -> None:
+    ds = yaml.safe_load((GRAFANA / "provisioning/datasources/datasources.yaml").read_text())
+    assert ds["apiVersion"] == 1
+    by_uid = {d["uid"]: d for d in ds["datasources"]}
+    for d in ds["datasources"]:
+        for key in ("name", "type", "uid", "url", "access"):
+            assert d.get(key), f"datasource {d.get('name')} lacks {key}"
+    assert by_uid[BUILD.PROM_UID]["type"] == "prometheus"
+    assert by_uid[BUILD.JAEGER_UID]["type"] == "jaeger"
+    dest = by_uid[BUILD.PROM_UID]["jsonData"]["exemplarTraceIdDestinations"]
+    assert all(x["datasourceUid"] in by_uid for x in dest)
+    # Exemplars arrive over OTLP with the trace id in the label Prometheus names trace_id.
+    assert {x["name"] for x in dest} == {"trace_id"}
+    for path in DASHBOARDS:
+        dash = json.loads(path.read_text())
+        uids = {p["datasource"]["uid"] for p in dash["panels"]}
+        uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]}
+        uids |= {v["datasource"]["uid"] for v in dash["templating"]["list"]}
+        assert uids <= set(by_uid), f"{path.name} references unknown datasource uids"
+
+
+def test_dashboard_provider_points_where_compose_mounts_the_dashboards() -> None:
+    prov = yaml.safe_load((GRAFANA / "provisioning/dashboards/dashboards.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    provider = prov["providers"][0]
+    assert provider["type"] == "file" and provider["name"]
+    path = provider["options"]["path"]
+    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
+    grafana = next(s for name, s in compose["services"].items() if "grafana" in name)
+    mounts = [v.split(":") for v in grafana["volumes"]]
+    assert any(target == path and src.endswith("grafana/dashboards") for src, target, *_ in mounts)
+    assert any(src.endswith("grafana/provisioning") for src, *_ in mounts)
