@@ -105,6 +105,11 @@ def _endpoint(name: str, value: Any) -> str | None:
     return text
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything otel-train can be told. Field docs double as the README table."""
@@ -231,7 +236,7 @@ class Settings:
                 values[name] = parse(name, raw)
             except ConfigError as err:
                 raise ConfigError(
-                    f"otel_train setting '{name}' (from {source}) {err}; got {raw!r}"
+                    f"otel_train setting '{name}' (from {source}) {err}; got {_shown(raw)}"
                 ) from None
         if "metric_export_interval" not in values and "OTEL_METRIC_EXPORT_INTERVAL" in env:
             raw = env["OTEL_METRIC_EXPORT_INTERVAL"]
@@ -242,7 +247,7 @@ class Settings:
             except ConfigError as err:
                 raise ConfigError(
                     "otel_train setting 'metric_export_interval' (from environment variable "
-                    f"OTEL_METRIC_EXPORT_INTERVAL, milliseconds) {err}; got {raw!r}"
+                    f"OTEL_METRIC_EXPORT_INTERVAL, milliseconds) {err}; got {_shown(raw)}"
                 ) from None
         return cls(**values)
 

@@ -116,14 +116,22 @@ class _TimedIterator:
         if not adapter.active:
             return next(self._it)
         rec = adapter.rec
-        if rec.current_step is None:
-            rec.begin_step(ADAPTER)
+        try:  # telemetry never raises into training
+            if rec.current_step is None:
+                rec.begin_step(ADAPTER)
+            rec.enter("data")
+        except Exception:
+            _log.exception("otel-train: timing a data fetch failed")
+            return next(self._it)
         try:
-            with rec.phase("data"):
-                batch = next(self._it)
+            batch = next(self._it)
         except StopIteration:
-            rec.discard_step_if_only("data")
+            _exit_data(rec, None, discard=True)
             raise
+        except BaseException as err:
+            _exit_data(rec, err, discard=False)
+            raise
+        _exit_data(rec, None, discard=False)
         adapter.count(batch)
         return batch
 
@@ -132,6 +140,15 @@ class _TimedIterator:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
+
+
+def _exit_data(rec: Recorder, err: BaseException | None, discard: bool) -> None:
+    try:
+        rec.exit(type(err) if err is not None else None, err, "data")
+        if discard:
+            rec.discard_step_if_only("data")
+    except Exception:
+        _log.exception("otel-train: timing a data fetch failed")
 
 
 _LOADER_CLASSES: dict[type, type] = {}
@@ -174,9 +191,9 @@ class TorchLoopAdapter:
             return  # an explicit step carries the user's own counts: never add to them
         try:
             samples, tokens = self.counter(batch)
+            self.rec.add_counts(samples, tokens)
         except Exception:
             return
-        self.rec.add_counts(samples, tokens)
 
     # hooks ------------------------------------------------------------------------------
 

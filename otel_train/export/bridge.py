@@ -99,9 +99,11 @@ class HistogramBridge:
         ]
 
     def merge(self, reader: Any, data: MetricsData | None) -> MetricsData | None:
-        delta = (
-            reader._instrument_class_temporality.get(SdkHistogram)
-            == AggregationTemporality.DELTA
+        # The reader keys temporality by the SDK's private subclass (_Histogram), not by
+        # the public Histogram: look it up by subclass, or delta readers would get cumulative.
+        delta = any(
+            issubclass(kind, SdkHistogram) and temporality == AggregationTemporality.DELTA
+            for kind, temporality in reader._instrument_class_temporality.items()
         )
         extra = self.metrics(id(reader), delta)
         if not extra:

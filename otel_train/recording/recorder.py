@@ -382,14 +382,22 @@ class Recorder:
 
     def exit_if_top(self, name: str) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
-        stack = self._stack()
+        try:
+            stack = self._stack()
+        except Exception:  # adapters call this outside the recorder's guards
+            self._fail()
+            return False
         if stack and stack[-1][0] == name:
             self.exit()
             return True
         return False
 
     def open_phase_names(self) -> list[str]:
-        return [e[0] for e in self._stack()]
+        try:
+            return [e[0] for e in self._stack()]
+        except Exception:
+            self._fail()
+            return []
 
     # -- user scalars ------------------------------------------------------------------
 

@@ -1,0 +1,73 @@
+"""Small helpers shared by the unit tests: a tiny model and data, span-tree queries."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from otel_train import contract as c
+from otel_train.testing import InMemoryTelemetry
+
+
+def providers(tel: InMemoryTelemetry) -> dict[str, Any]:
+    return {"tracer_provider": tel.tracer_provider, "meter_provider": tel.meter_provider}
+
+
+def tiny_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def tiny_loader(n: int = 32, batch_size: int = 8, **kwargs: Any) -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)
+    ds = torch.utils.data.TensorDataset(x, y)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, **kwargs)
+
+
+def train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> list[float]:
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def step_spans(spans: list[Any]) -> list[Any]:
+    return sorted(
+        (s for s in spans if s.name == c.STEP_SPAN.name),
+        key=lambda s: s.attributes[c.STEP_INDEX.key],
+    )
+
+
+def children_of(spans: list[Any], parent: Any) -> list[Any]:
+    """Direct children of ``parent``, in start order."""
+    pid = parent.context.span_id
+    kids = [s for s in spans if s.parent is not None and s.parent.span_id == pid]
+    return sorted(kids, key=lambda s: s.start_time)
+
+
+def names(spans: list[Any]) -> list[str]:
+    return [s.name for s in spans]
+
+
+def phase_counts(tel: InMemoryTelemetry) -> Counter[str]:
+    """phase name -> count of the phase duration histogram (all clocks)."""
+    out: Counter[str] = Counter()
+    for p in tel.points(c.PHASE_DURATION.name):
+        out[p.attributes[c.A_PHASE]] += p.count
+    return out
+
+
+def value(tel: InMemoryTelemetry, metric: str, **attrs: Any) -> float | None:
+    """The value of the point of a counter/gauge whose attributes are exactly ``attrs``."""
+    for p in tel.points(metric):
+        if dict(p.attributes) == attrs:
+            return float(p.value)
+    return None

@@ -1,0 +1,190 @@
+"""The telemetry contract: docs/telemetry.md is generated from it, and every metric it
+declares is emitted (CUDA-only ones excepted on machines without CUDA)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
+from otel_helpers import providers, tiny_loader, tiny_model, train_epoch, value
+
+import otel_train
+from otel_train import contract as c
+from otel_train.testing import InMemoryTelemetry
+
+REPO = Path(__file__).resolve().parents[2]
+CUDA_ONLY = {c.PHASE_MEMORY_PEAK, c.PHASE_MEMORY_UTILIZATION, c.DEVICE_MEMORY_LIMIT}
+
+
+def test_docs_telemetry_md_is_the_generated_reference() -> None:
+    generated = subprocess.run(
+        [sys.executable, "-m", "otel_train.contract"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert generated == c.render_markdown()
+    assert (REPO / "docs" / "telemetry.md").read_text() == generated, (
+        "docs/telemetry.md is stale: run `python -m otel_train.contract > docs/telemetry.md`"
+    )
+
+
+def test_reference_lists_every_span_attribute_and_metric() -> None:
+    text = c.render_markdown()
+    for spec in c.METRICS:
+        assert f"`{spec.name}`" in text and f"`{c.prometheus_base_name(spec)}`" in text
+    for span in c.SPANS:
+        for a in span.attributes:
+            assert f"`{a.key}`" in text
+
+
+def test_contract_names_are_unique_and_units_are_ucum() -> None:
+    names = [m.name for m in c.METRICS]
+    assert len(names) == len(set(names))
+    allowed = {
+        "s",
+        "By",
+        "1",
+        "{sample}/s",
+        "{token}/s",
+        "{step}",
+        "{sample}",
+        "{token}",
+        "{value}",
+        "{item}",
+        "{span}",
+    }
+    assert {m.unit for m in c.METRICS} <= allowed
+    assert all(m.instrument in ("histogram", "counter", "gauge") for m in c.METRICS)
+    assert list(c.DURATION_BUCKETS) == sorted(set(c.DURATION_BUCKETS))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            c.PHASE_DURATION,
+            (
+                "otel_train_phase_duration_seconds_bucket",
+                "otel_train_phase_duration_seconds_sum",
+                "otel_train_phase_duration_seconds_count",
+            ),
+        ),
+        (c.STEPS, ("otel_train_steps_total",)),
+        (c.PROCESS_MEMORY_RSS, ("otel_train_process_memory_rss_bytes",)),
+        (c.PHASE_MEMORY_UTILIZATION, ("otel_train_phase_memory_utilization_ratio",)),
+        (c.THROUGHPUT_TOKENS, ("otel_train_throughput_tokens_per_second",)),
+        (c.OVERHEAD, ("otel_train_overhead_seconds",)),
+        (c.SCALAR, ("otel_train_scalar",)),
+    ],
+)
+def test_prometheus_names(spec: c.MetricSpec, expected: tuple[str, ...]) -> None:
+    assert c.prometheus_names(spec) == expected
+
+
+def test_scrape_names_drop_the_ratio_suffix_of_unit_one_gauges() -> None:
+    assert c.prometheus_names(c.PHASE_MEMORY_UTILIZATION, source="scrape") == (
+        "otel_train_phase_memory_utilization",
+    )
+    assert c.prometheus_names(c.STEPS, source="scrape") == c.prometheus_names(c.STEPS)
+
+
+@pytest.mark.parametrize("spec", c.METRICS, ids=lambda m: m.name)
+def test_scrape_names_are_what_the_prometheus_exporter_serves(spec: c.MetricSpec) -> None:
+    """Each contract metric, recreated with its kind and unit behind the OTel Prometheus
+    reader, is served under exactly the names the contract predicts (CUDA-only ones too)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=True)
+    provider = MeterProvider(
+        metric_readers=[PrometheusMetricReader(registry=registry)], shutdown_on_exit=False
+    )
+    meter = provider.get_meter(c.SCOPE_NAME)
+    kw = {"unit": spec.unit, "description": spec.description}
+    if spec.instrument == "histogram":
+        meter.create_histogram(spec.name, **kw).record(0.5)
+    elif spec.instrument == "counter":
+        meter.create_observable_counter(spec.name, [lambda o: [Observation(1.0)]], **kw)
+    else:
+        meter.create_observable_gauge(spec.name, [lambda o: [Observation(1.0)]], **kw)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        provider.shutdown()
+    served = {
+        ln.split("{", 1)[0].split(" ", 1)[0]
+        for ln in text.splitlines()
+        if ln and not ln.startswith("#")
+    } - {"target_info"}
+    assert served == set(c.prometheus_names(spec, source="scrape"))
+
+
+def test_cuda_only_metrics_say_so() -> None:
+    for spec in CUDA_ONLY:
+        assert "CUDA" in spec.description
+
+
+def test_every_metric_in_the_contract_is_emitted() -> None:
+    """One CPU run exercising everything; the CUDA-only metrics appear only with CUDA."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=16, batch_size=8)
+    otel_train.instrument(
+        model,
+        optimizer=opt,
+        dataloader=loader,
+        trace_steps="all",
+        console="off",
+        max_pending_steps=2,
+        **providers(tel),
+    )
+    session = otel_train.session.current()
+
+    def wait_processed(n: int) -> None:  # bounded: the worker polls every 50 ms
+        deadline = time.monotonic() + 10
+        while session.worker.steps_processed < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session.worker.steps_processed == n
+
+    train_epoch(model, opt, loader)
+    wait_processed(2)
+    with otel_train.step(samples=4, tokens=40), otel_train.phase("rollout"):
+        otel_train.record(reward=1.5)
+    wait_processed(3)
+    # Hold the worker off while 5 more steps finish: with room for 2 pending steps the
+    # oldest 3 are dropped (and counted), never waited for.
+    with session.worker._lock:
+        for _ in range(5):
+            with otel_train.step(samples=1):
+                pass
+    otel_train.shutdown()
+
+    collected = tel.metrics()
+    expected = {m.name for m in c.METRICS} - (
+        set() if torch.cuda.is_available() else {m.name for m in CUDA_ONLY}
+    )
+    missing = expected - set(collected)
+    assert not missing
+    assert value(tel, c.DROPPED.name, reason="queue_full") == 3
+    assert value(tel, c.STEPS.name) == 2 + 1 + 2
+    for spec in c.METRICS:
+        metric = collected.get(spec.name)
+        if metric is None:
+            continue
+        assert metric.unit == spec.unit
+        assert metric.description == spec.description
+        kind = {"histogram": Histogram, "counter": Sum, "gauge": Gauge}[spec.instrument]
+        assert isinstance(metric.data, kind), spec.name
+        if spec.instrument == "counter":
+            assert metric.data.is_monotonic
+        for point in metric.data.data_points:
+            assert set(point.attributes) <= set(spec.attributes), spec.name
