@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from . import contract as c
 from .export.resource import rank
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .adapters.base import Instrumentation
 
 __version__ = "0.1.0"
+_PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
 _log = logging.getLogger("otel_train")
 
 
@@ -48,12 +50,19 @@ class Session:
         )
         t = self.telemetry
         self.aggregator = MetricsAggregator()
-        publisher = None
+        publisher: Publisher | None = None
         if t.meter_provider is not None:
             if t.bridge is not None:
                 t.bridge.aggregator = self.aggregator
             meter = t.meter_provider.get_meter(c.SCOPE_NAME, __version__)
             publisher = Publisher(meter, self.aggregator, histograms_via_api=t.bridge is None)
+            # Instruments cannot be removed from a provider: a finished session's keep
+            # reporting their final values until a new session on that provider starts.
+            previous = _PUBLISHERS.get(t.meter_provider)
+            if previous is not None:
+                previous.closed = True
+            _PUBLISHERS[t.meter_provider] = publisher
+        self.publisher = publisher
         emitter = None
         if t.tracer_provider is not None and settings.trace_steps != "none":
             tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, __version__)
@@ -83,9 +92,10 @@ class Session:
     def prometheus_address(self) -> tuple[str, int] | None:
         return self.telemetry.prometheus_address
 
-    def matches(self, settings: Settings, tracer_provider: Any, meter_provider: Any) -> bool:
+    def matches(self, settings: Settings | None, tracer_provider: Any, meter_provider: Any) -> bool:
+        """Whether a later configure()/instrument() asks for this same session."""
         given = self.given_providers
-        return settings == self.settings and (
+        return (settings is None or settings == self.settings) and (
             (tracer_provider is None or tracer_provider is given[0])
             and (meter_provider is None or meter_provider is given[1])
         )
@@ -132,8 +142,8 @@ def get_or_create(
         settings = Settings.resolve(overrides or {})
         session = _current
         if session is not None and not session.closed:
-            if (overrides or tracer_provider or meter_provider) and not session.matches(
-                settings, tracer_provider, meter_provider
+            if not session.matches(
+                settings if overrides else None, tracer_provider, meter_provider
             ):
                 raise ConfigError(
                     "otel-train is already configured in this process with other settings or "
