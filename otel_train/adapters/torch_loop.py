@@ -20,6 +20,7 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -210,6 +211,15 @@ class TorchLoopAdapter:
         rec.exit_if_top("forward")
         rec.enter("forward")
 
+    def forward_error_hook(self, module: torch.nn.Module, args: Any, result: Any) -> None:
+        """Registered with always_call=True: on an exception torch calls it from its except
+        block with no result, so the forward phase ends with the error (an OOM included)."""
+        if result is not None or not self.active:
+            return
+        exc_type, exc, _ = sys.exc_info()
+        if exc_type is not None:
+            self.rec.exit_if_top("forward", exc_type, exc)
+
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
@@ -237,6 +247,10 @@ def attach(
     adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
     handle = model.register_forward_pre_hook(guarded(inst, adapter.forward_pre_hook))
     inst.on_undo(handle.remove)
+    error_handle = model.register_forward_hook(
+        guarded(inst, adapter.forward_error_hook), always_call=True
+    )
+    inst.on_undo(error_handle.remove)
     if optimizer is not None:
         pre = optimizer.register_step_pre_hook(guarded(inst, adapter.optimizer_pre_hook))
         post = optimizer.register_step_post_hook(guarded(inst, adapter.optimizer_post_hook))

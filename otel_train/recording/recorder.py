@@ -380,7 +380,7 @@ class Recorder:
         except Exception:
             self._fail()
 
-    def exit_if_top(self, name: str) -> bool:
+    def exit_if_top(self, name: str, exc_type: Any = None, exc: Any = None) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
         try:
             stack = self._stack()
@@ -388,7 +388,7 @@ class Recorder:
             self._fail()
             return False
         if stack and stack[-1][0] == name:
-            self.exit()
+            self.exit(exc_type, exc)
             return True
         return False
 

@@ -434,6 +434,44 @@ def test_error_in_backward_marks_the_backward_phase() -> None:
     assert event.attributes["exception.message"] == str(err)
 
 
+class _Fails(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 1)
+        self.fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise ValueError("bad batch")
+        return self.lin(x)
+
+
+def test_error_in_model_forward_marks_the_forward_phase() -> None:
+    tel = InMemoryTelemetry()
+    model = _Fails()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    otel_train.instrument(model, optimizer=opt, **QUIET, **providers(tel))
+    model.fail = True
+    with pytest.raises(ValueError, match="bad batch") as raised:
+        model(torch.randn(2, 8))
+    model.fail = False
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    otel_train.shutdown()
+    spans = tel.spans()
+    (s,) = step_spans(spans)
+    kids = children_of(spans, s)
+    assert names(kids) == ["forward", "forward", "backward", "optimizer"]
+    failed, ok = kids[0], kids[1]
+    assert failed.status.status_code == StatusCode.ERROR
+    (event,) = failed.events
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == "ValueError"
+    assert event.attributes["exception.message"] == str(raised.value)
+    assert ok.status.status_code == StatusCode.UNSET
+    assert s.status.status_code == StatusCode.ERROR
+
+
 @pytest.mark.parametrize(("given", "expected"), [(5, 5), (None, 8)])
 def test_explicit_step_around_an_instrumented_loader_adopts_the_fetch(
     given: int | None, expected: int
