@@ -10,7 +10,26 @@ from .base import Instrumentation
 SUPPORTED = (
     "a torch.nn.Module (plain loop; optional optimizer= and dataloader=)",
     "any object with phases={'phase': 'method name', ...} (optional step='method name')",
+    "a transformers.Trainer (pip install 'otel-train[hf]')",
+    "a Lightning Trainer (pip install 'otel-train[lightning]')",
+    "a torchtitan-style trainer (train_step, forward_backward_step and next_batch or "
+    "batch_generator methods)",
 )
+
+
+def _is_trainer_of(target: Any, packages: tuple[str, ...]) -> bool:
+    """A class named Trainer from one of ``packages`` in the MRO: no framework import."""
+    for cls in type(target).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if cls.__name__ == "Trainer" and any(
+            module == p or module.startswith(p + ".") for p in packages
+        ):
+            return True
+    return False
+
+
+_HF = ("transformers",)
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
 
 
 def select(
@@ -36,6 +55,21 @@ def select(
             raise TypeError("otel_train.instrument(): step= needs phases= as well")
         checked = methods.validate(target, phases, step)
         return lambda inst: methods.attach(inst, target, checked, step)
+    if _is_trainer_of(target, _HF):
+        from . import hf
+
+        hf.validate(target, optimizer, dataloader)
+        return lambda inst: hf.attach(inst, target, count_batch)
+    if _is_trainer_of(target, _LIGHTNING):
+        from . import lightning
+
+        lightning.validate(target, optimizer, dataloader)
+        return lambda inst: lightning.attach(inst, target, count_batch)
+    from . import torchtitan
+
+    if torchtitan.matches(target):
+        torchtitan.validate(target, optimizer, dataloader)
+        return lambda inst: torchtitan.attach(inst, target, count_batch)
     import torch
 
     if isinstance(target, torch.nn.Module):
@@ -50,7 +84,15 @@ def select(
 
 
 def kind_of(target: Any, phases: Any) -> str:
-    return "methods" if phases is not None else "torch-loop"
+    if phases is not None:
+        return "methods"
+    if _is_trainer_of(target, _HF):
+        return "hf"
+    if _is_trainer_of(target, _LIGHTNING):
+        return "lightning"
+    from . import torchtitan
+
+    return "torchtitan" if torchtitan.matches(target) else "torch-loop"
 
 
 __all__ = ["SUPPORTED", "Instrumentation", "kind_of", "select"]

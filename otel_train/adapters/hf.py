@@ -1,0 +1,281 @@
+"""Hugging Face ``transformers.Trainer`` (and subclasses): ``instrument(trainer)``.
+
+Usage::
+
+    trainer = Trainer(model=model, args=args, train_dataset=dataset)
+    otel_train.instrument(trainer)
+    trainer.train()
+
+One ``otel_train.step`` span per optimizer step, with these phases:
+
+- ``data``: ``Trainer.get_batch_samples``, which fetches every micro-batch of the step
+  (and counts the loss items). Samples and tokens are counted from those batches:
+  the ``attention_mask`` sum when it is on the CPU, else the ``input_ids`` size.
+- ``forward``: from the model's forward pre-hook until backward starts (the loss
+  computation belongs to forward).
+- ``backward``: around ``torch.autograd.backward`` (where ``accelerator.backward`` ends).
+- ``optimizer``: ``on_pre_optimizer_step`` to ``on_optimizer_step`` (``optimizer.step()``).
+
+Gradient accumulation (``gradient_accumulation_steps > 1``) shows each micro-batch
+as a ``microstep`` phase around one ``Trainer.training_step`` call, with its forward
+and backward nested inside::
+
+    otel_train.step ── data ── microstep ─┬─ forward
+                               │          └─ backward
+                               ├─ microstep ── forward, backward
+                               └─ optimizer
+
+Gradient clipping, the LR scheduler and ``zero_grad`` lie inside the step but in no
+phase; logging, evaluation and checkpointing (after ``on_step_end``) lie between steps.
+
+What ``instrument()`` changes, all undone by ``uninstrument()``: one callback in
+``trainer.callback_handler``, a forward pre-hook on ``trainer.model``, instance
+attributes ``get_batch_samples`` and ``training_step`` wrapping the class's methods,
+and the process-wide wrapper around ``torch.autograd.backward`` shared with the
+plain-loop adapter. ``transformers`` is imported only when a Trainer is instrumented.
+
+Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..recording.recorder import ADAPTER, Recorder
+from . import torch_loop
+from .base import Instrumentation, close_phases, count_batch, guarded, patch_attribute
+
+EXTRA_HINT = "pip install 'otel-train[hf]'"
+MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
+_PHASES = ("backward", "forward", "microstep", "optimizer", "data")
+_STEP_PHASES = ("backward", "forward", "microstep")
+
+
+def require() -> Any:
+    """Import transformers, or raise an ImportError naming the extra to install."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "otel_train: instrumenting a Hugging Face Trainer needs transformers "
+            f">={MIN_VERSION} and accelerate; install them with {EXTRA_HINT}"
+        ) from err
+    return transformers
+
+
+def validate(trainer: Any, optimizer: Any, dataloader: Any) -> None:
+    require()
+    if optimizer is not None or dataloader is not None:
+        raise TypeError(
+            "otel_train.instrument(): a Hugging Face Trainer owns its optimizer and data; "
+            "call instrument(trainer) without optimizer=/dataloader="
+        )
+    for name in ("get_batch_samples", "training_step", "add_callback"):
+        if not callable(getattr(trainer, name, None)):
+            raise TypeError(
+                f"otel_train.instrument(): this Trainer has no {name}(); otel-train needs "
+                f"transformers>={MIN_VERSION} ({EXTRA_HINT})"
+            )
+
+
+class HFTrainerAdapter:
+    def __init__(
+        self,
+        inst: Instrumentation,
+        trainer: Any,
+        counter: Callable[[Any], tuple[int | None, int | None]] | None,
+    ) -> None:
+        self.inst = inst
+        self.rec: Recorder = inst.session.recorder  # read by torch_loop's backward timing
+        self.trainer = trainer
+        self.counter = counter or count_batch
+        self.active = True
+        self.in_step = False
+        self.accumulating = False
+        self.hooked: Any = None
+        self.hook_handle: Any = None
+
+    # data -------------------------------------------------------------------------------
+
+    def before_fetch(self) -> None:
+        rec = self.rec
+        close_phases(rec, _PHASES)
+        if rec.current_step is not None and rec.current_step.mode == ADAPTER:
+            rec.end_step(ADAPTER)  # a step cut short (training stopped mid-accumulation)
+        args = getattr(self.trainer, "args", None)
+        self.accumulating = int(getattr(args, "gradient_accumulation_steps", 1) or 1) > 1
+        rec.begin_step(ADAPTER)
+        rec.enter("data")
+        self.in_step = True
+
+    def after_fetch(self, result: Any, err: BaseException | None) -> None:
+        rec = self.rec
+        if err is not None:
+            close_phases(rec, ("data",), err)
+            return
+        rec.exit_if_top("data")
+        batches = result[0] if isinstance(result, tuple) else result
+        if not batches:
+            rec.discard_step_if_only("data")
+            self.in_step = False
+            return
+        for batch in batches:
+            try:
+                samples, tokens = self.counter(batch)
+            except Exception:
+                continue
+            rec.add_counts(samples, tokens)
+
+    # micro-steps, forward ----------------------------------------------------------------
+
+    def before_microstep(self) -> None:
+        close_phases(self.rec, _STEP_PHASES)
+        if self.accumulating:
+            self.rec.enter("microstep")
+
+    def after_microstep(self, result: Any, err: BaseException | None) -> None:
+        close_phases(self.rec, _STEP_PHASES, err)
+
+    def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if not (self.active and self.in_step and module.training and torch.is_grad_enabled()):
+            return
+        rec = self.rec
+        if rec.current_step is None:
+            return
+        rec.exit_if_top("forward")
+        rec.enter("forward")
+
+    def hook_model(self, model: Any) -> None:
+        if model is self.hooked or not isinstance(model, torch.nn.Module):
+            return
+        self.unhook_model()
+        self.hook_handle = model.register_forward_pre_hook(
+            guarded(self.inst, self.forward_pre_hook)
+        )
+        self.hooked = model
+
+    def unhook_model(self) -> None:
+        if self.hook_handle is not None:
+            self.hook_handle.remove()
+        self.hook_handle = None
+        self.hooked = None
+
+    # callback events ---------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.active:
+            self.hook_model(kw.get("model"))  # model_init= builds the model in train()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.active and self.in_step:
+            close_phases(self.rec, _STEP_PHASES)
+            self.rec.enter("optimizer")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.active and self.in_step:
+            self.rec.exit_if_top("optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.active and self.in_step:
+            self.finish()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.active and self.in_step:
+            self.finish()
+
+    def finish(self) -> None:
+        close_phases(self.rec, _PHASES)
+        self.rec.end_step(ADAPTER)
+        self.in_step = False
+
+
+_EVENTS = ("on_train_begin", "on_pre_optimizer_step", "on_optimizer_step", "on_step_end",
+           "on_train_end")  # fmt: skip
+
+
+@functools.cache
+def _callback_class(transformers: Any) -> type:
+    """A TrainerCallback subclass whose events forward to the adapter, each guarded."""
+
+    def __init__(self: Any, adapter: HFTrainerAdapter) -> None:
+        for event in _EVENTS:
+            setattr(self, event, guarded(adapter.inst, getattr(adapter, event)))
+
+    return type(
+        "OtelTrainCallback",
+        (transformers.TrainerCallback,),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__doc__": "Forwards Trainer events to otel-train (added by instrument()).",
+        },
+    )
+
+
+def _wrap(inst: Instrumentation, method: Any, before: Any, after: Any, live: Any) -> Any:
+    """``method`` with guarded ``before()`` / ``after(result, err)`` around each call."""
+    g_before = guarded(inst, before)
+    g_after = guarded(inst, after)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not live():
+            return method(*args, **kwargs)
+        g_before()
+        try:
+            result = method(*args, **kwargs)
+        except BaseException as err:
+            g_after(None, err)
+            raise
+        g_after(result, None)
+        return result
+
+    return wrapper
+
+
+def attach(
+    inst: Instrumentation,
+    trainer: Any,
+    counter: Callable[[Any], tuple[int | None, int | None]] | None,
+) -> None:
+    transformers = require()
+    adapter = HFTrainerAdapter(inst, trainer, counter)
+    handler = trainer.callback_handler
+    callback = _callback_class(transformers)(adapter)
+    handler.add_callback(callback)
+
+    def remove_callback() -> None:
+        if callback in handler.callbacks:
+            handler.callbacks.remove(callback)
+
+    inst.on_undo(remove_callback)
+    adapter.hook_model(getattr(trainer, "model", None))
+    inst.on_undo(adapter.unhook_model)
+
+    def fetching() -> bool:
+        return adapter.active
+
+    def in_step() -> bool:
+        return adapter.active and adapter.in_step
+
+    patch_attribute(
+        inst, trainer, "get_batch_samples",
+        _wrap(inst, trainer.get_batch_samples, adapter.before_fetch, adapter.after_fetch, fetching),
+    )  # fmt: skip
+    patch_attribute(
+        inst, trainer, "training_step",
+        _wrap(inst, trainer.training_step, adapter.before_microstep, adapter.after_microstep,
+              in_step),
+    )  # fmt: skip
+    inst.on_undo(torch_loop.hold_backward(adapter))
+
+    def deactivate() -> None:
+        adapter.active = False
+        if adapter.in_step:
+            adapter.finish()
+
+    inst.on_undo(deactivate)

@@ -1,0 +1,91 @@
+"""instrument(transformers.Trainer): a real Trainer on a tiny GPT-2 built from a config."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers", reason="needs the [hf] extra: pip install 'otel-train[hf]'")
+
+import torch
+from adapter_helpers import SEQ, hf_trainer, phase_counts, step_spans, total, tree
+
+import otel_train
+from otel_train import contract as c
+
+PAD = 4  # PaddedTokens pads the last 4 positions: 12 real tokens per sample
+
+
+def test_grad_accumulation_shows_micro_steps_under_each_optimizer_step(tel, otel_kwargs) -> None:
+    trainer = hf_trainer(grad_accum=2, max_steps=3, batch_size=4)
+    inst = otel_train.instrument(trainer, **otel_kwargs)
+    assert inst.kind == "hf"
+    trainer.train()
+    otel_train.shutdown()
+
+    steps = step_spans(tel)
+    assert len(steps) == 3 == trainer.state.global_step
+    micro = ("microstep", ["forward", "backward"])
+    for step in steps:
+        assert tree(tel, step) == ["data", micro, micro, "optimizer"]
+        assert step.attributes[c.STEP_SAMPLES.key] == 8  # 2 micro-batches of 4
+        assert step.attributes[c.STEP_TOKENS.key] == 8 * (SEQ - PAD)  # from attention_mask
+        for span in tel.spans():  # every phase of this trace hangs off this step
+            if span.context.trace_id == step.context.trace_id and span is not step:
+                assert span.attributes[c.STEP_INDEX.key] == step.attributes[c.STEP_INDEX.key]
+    assert phase_counts(tel) == {"data": 3, "microstep": 6, "forward": 6, "backward": 6,
+                                 "optimizer": 3}  # fmt: skip
+    assert total(tel, c.STEPS.name) == 3
+    assert total(tel, c.SAMPLES.name) == 24
+    assert total(tel, c.TOKENS.name) == 24 * (SEQ - PAD)
+    assert [p.count for p in tel.points(c.STEP_DURATION.name)] == [3]
+
+
+def test_without_accumulation_phases_are_direct_children_of_the_step(tel, otel_kwargs) -> None:
+    trainer = hf_trainer(grad_accum=1, max_steps=2, batch_size=2)
+    otel_train.instrument(trainer, **otel_kwargs)
+    trainer.train()
+    otel_train.shutdown()
+
+    steps = step_spans(tel)
+    assert [tree(tel, s) for s in steps] == [["data", "forward", "backward", "optimizer"]] * 2
+    assert [s.attributes[c.STEP_TOKENS.key] for s in steps] == [2 * (SEQ - PAD)] * 2
+
+
+def test_evaluation_between_steps_adds_no_steps_or_phases(tel, otel_kwargs) -> None:
+    trainer = hf_trainer(grad_accum=1, max_steps=2, batch_size=8, eval_strategy="steps",
+                         eval_steps=1, per_device_eval_batch_size=16)  # fmt: skip
+    otel_train.instrument(trainer, **otel_kwargs)
+    trainer.train()
+    otel_train.shutdown()
+
+    assert len(step_spans(tel)) == 2
+    assert phase_counts(tel)["forward"] == 2  # the eval forwards ran with grad off, outside steps
+
+
+def test_uninstrument_restores_the_trainer_exactly(otel_kwargs) -> None:
+    trainer = hf_trainer(grad_accum=2, max_steps=1)
+    attrs, callbacks = dict(vars(trainer)), list(trainer.callback_handler.callbacks)
+    backward = torch.autograd.backward
+    inst = otel_train.instrument(trainer, **otel_kwargs)
+    assert "get_batch_samples" in vars(trainer) and "training_step" in vars(trainer)
+    assert len(trainer.model._forward_pre_hooks) == 1
+    trainer.train()
+    inst.uninstrument()
+
+    assert "get_batch_samples" not in vars(trainer) and "training_step" not in vars(trainer)
+    assert trainer.callback_handler.callbacks == callbacks
+    assert not trainer.model._forward_pre_hooks
+    assert torch.autograd.backward is backward
+    assert type(trainer).__name__ == "Trainer"
+    assert set(attrs) <= set(vars(trainer))
+    for name, value in vars(trainer).items():
+        assert not (getattr(value, "__module__", None) or "").startswith("otel_train"), name
+
+
+def test_companions_are_refused_before_any_change(otel_kwargs) -> None:
+    trainer = hf_trainer(max_steps=1)
+    with pytest.raises(TypeError, match="owns its optimizer and data"):
+        otel_train.instrument(trainer, optimizer=torch.optim.SGD(trainer.model.parameters()),
+                              **otel_kwargs)  # fmt: skip
+    assert "get_batch_samples" not in vars(trainer)
+    assert not trainer.model._forward_pre_hooks
