@@ -26,13 +26,14 @@ from otel_train import session
 from otel_train.export.setup import in_memory_meter_provider
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from overhead import sdk_tracer_provider  # noqa: E402
+from overhead import sdk_tracer_provider
 
 
 def make_job(dim: int, layers: int, batch: int, seq: int) -> tuple[Any, Any, Any]:
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(dim, nhead=16, dim_feedforward=4 * dim,
-                                             batch_first=True, dropout=0.0)
+    layer = torch.nn.TransformerEncoderLayer(
+        dim, nhead=16, dim_feedforward=4 * dim, batch_first=True, dropout=0.0
+    )
     model = torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     data = torch.randn(32, batch, seq, dim, pin_memory=True)
@@ -53,7 +54,10 @@ def run(model: Any, opt: Any, data: Any, steps: int, tracer: Any = None) -> None
         with tracer.start_as_current_span("step"):
             with tracer.start_as_current_span("data"):
                 x = x_cpu.cuda(non_blocking=True)
-            with tracer.start_as_current_span("forward"), torch.autocast("cuda", dtype=torch.bfloat16):
+            with (
+                tracer.start_as_current_span("forward"),
+                torch.autocast("cuda", dtype=torch.bfloat16),
+            ):
                 loss = model(x).float().pow(2).mean()
             with tracer.start_as_current_span("backward"):
                 opt.zero_grad(set_to_none=True)
@@ -82,12 +86,13 @@ def main() -> None:
     phase_dev: dict[str, list[float]] = {}
     phase_host: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        for name in list(walls)[r % 3:] + list(walls)[: r % 3]:
+        for name in list(walls)[r % 3 :] + list(walls)[: r % 3]:
             inst = None
             if name == "otel-train":
                 mp, _ = in_memory_meter_provider()
-                inst = otel_train.instrument(model, optimizer=opt, tracer_provider=ours_tp,
-                                             meter_provider=mp, console="off")
+                inst = otel_train.instrument(
+                    model, optimizer=opt, tracer_provider=ours_tp, meter_provider=mp, console="off"
+                )
             torch.cuda.synchronize()
             t = time.perf_counter()
             run(model, opt, data, args.steps, span_tracer if name == "span per phase" else None)
@@ -108,8 +113,10 @@ def main() -> None:
                 print(f"round {r}: CUDA events created {sess.recorder.events.created}")
                 otel_train.shutdown()
     base = statistics.median(walls["plain"])
-    print(f"\nGPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
-          f"{args.layers}x TransformerEncoderLayer d={args.dim}, batch 8 x 512, bf16 autocast")
+    print(
+        f"\nGPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
+        f"{args.layers}x TransformerEncoderLayer d={args.dim}, batch 8 x 512, bf16 autocast"
+    )
     print(f"{'variant':<18}{'ms/step':>10}{'delta':>10}{'%':>8}")
     for name, values in walls.items():
         m = statistics.median(values)

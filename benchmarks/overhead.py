@@ -88,13 +88,15 @@ def micro(n: int, repeats: int) -> dict[str, float]:
         return pc() - t
 
     variants: dict[str, Callable[[], int]] = {
-        "empty loop": empty, "perf_counter_ns pair (floor)": floor,
-        "otel-train phase()": ours, "OTel SDK span": span,
+        "empty loop": empty,
+        "perf_counter_ns pair (floor)": floor,
+        "otel-train phase()": ours,
+        "OTel SDK span": span,
     }
     results: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(repeats):
         names = list(variants)
-        names = names[r % len(names):] + names[: r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         for name in names:
             gc.collect()
             results[name].append(variants[name]() / n)
@@ -110,13 +112,16 @@ def micro(n: int, repeats: int) -> dict[str, float]:
 def make_job(hidden: int, batch: int, n_batches: int) -> tuple[Any, Any, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(784, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(784, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ds = torch.utils.data.TensorDataset(torch.randn(batch * n_batches, 784),
-                                        torch.randint(0, 10, (batch * n_batches,)))
+    ds = torch.utils.data.TensorDataset(
+        torch.randn(batch * n_batches, 784), torch.randint(0, 10, (batch * n_batches,))
+    )
     loader = torch.utils.data.DataLoader(ds, batch_size=batch)
     return model, opt, loader
 
@@ -172,8 +177,14 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
 
     def run_ours() -> tuple[int, int]:
         mp, _ = in_memory_meter_provider()
-        otel_train.instrument(model, optimizer=opt, dataloader=loader, tracer_provider=tp_ours,
-                              meter_provider=mp, console="off")
+        otel_train.instrument(
+            model,
+            optimizer=opt,
+            dataloader=loader,
+            tracer_provider=tp_ours,
+            meter_provider=mp,
+            console="off",
+        )
         sess = session.current()
         assert sess is not None
         w, c = time.perf_counter_ns(), time.process_time_ns()
@@ -191,14 +202,17 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
         span_steps(model, opt, loader, steps, span_tracer)
         return time.perf_counter_ns() - w, time.process_time_ns() - c
 
-    variants = {"plain": run_plain, "otel-train (default)": run_ours,
-                "OTel SDK span per phase": run_spans}
+    variants = {
+        "plain": run_plain,
+        "otel-train (default)": run_ours,
+        "OTel SDK span per phase": run_spans,
+    }
     plain_steps(model, opt, loader, 50)  # warm up
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds):
         names = list(variants)
-        names = names[r % len(names):] + names[: r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         for name in names:
             gc.collect()
             w, c = variants[name]()
@@ -210,7 +224,7 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
 
 
 def paired_delta(a: list[float], b: list[float]) -> float:
-    return statistics.median(x - y for x, y in zip(a, b))
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:
@@ -222,8 +236,10 @@ def main() -> None:
     ap.add_argument("--micro-n", type=int, default=20000)
     args = ap.parse_args()
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"cuda {torch.cuda.is_available()}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"cuda {torch.cuda.is_available()}"
+    )
     m = micro(args.micro_n, args.rounds)
     floor = m["perf_counter_ns pair (floor)"]
     print("\n1. Per phase on the training thread (ns, median of rounds)")
@@ -234,21 +250,29 @@ def main() -> None:
     res = steps_bench(args.steps, args.rounds, args.hidden, args.batch)
     wall, cpu = res["wall"], res["cpu"]
     base_w = statistics.median(wall["plain"])
-    print(f"\n2. Training steps: MLP 784-{args.hidden}-{args.hidden}-10, batch {args.batch}, "
-          f"{args.steps} steps x {args.rounds} rounds (us per step)")
-    print(f"{'variant':<28}{'wall':>9}{'cpu':>9}{'wall delta':>12}{'cpu delta':>11}{'% of step':>11}")
+    print(
+        f"\n2. Training steps: MLP 784-{args.hidden}-{args.hidden}-10, batch {args.batch}, "
+        f"{args.steps} steps x {args.rounds} rounds (us per step)"
+    )
+    print(
+        f"{'variant':<28}{'wall':>9}{'cpu':>9}{'wall delta':>12}{'cpu delta':>11}{'% of step':>11}"
+    )
     deltas = {}
     for name in wall:
         dw = paired_delta(wall[name], wall["plain"])
         dc = paired_delta(cpu[name], cpu["plain"])
         deltas[name] = (dw, dc)
-        print(f"{name:<28}{statistics.median(wall[name]):>9.1f}{statistics.median(cpu[name]):>9.1f}"
-              f"{dw:>12.1f}{dc:>11.1f}{100 * dw / base_w:>10.2f}%")
+        print(
+            f"{name:<28}{statistics.median(wall[name]):>9.1f}{statistics.median(cpu[name]):>9.1f}"
+            f"{dw:>12.1f}{dc:>11.1f}{100 * dw / base_w:>10.2f}%"
+        )
     ours_w = deltas["otel-train (default)"][0]
     spans_w = deltas["OTel SDK span per phase"][0]
-    print(f"\nratio otel-train / span-per-phase (wall delta): {ours_w / spans_w:.3f}  "
-          f"(target <= 0.1); otel-train overhead {100 * ours_w / base_w:.2f}% of the "
-          f"{base_w / 1000:.2f} ms step (target < 1%)")
+    print(
+        f"\nratio otel-train / span-per-phase (wall delta): {ours_w / spans_w:.3f}  "
+        f"(target <= 0.1); otel-train overhead {100 * ours_w / base_w:.2f}% of the "
+        f"{base_w / 1000:.2f} ms step (target < 1%)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otel_train import contract as c  # noqa: E402
+from otel_train import contract as c
 
 HERE = Path(__file__).resolve().parent
 PROM_UID = "otel-train-prometheus"
@@ -74,8 +74,10 @@ def panel(
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "targets": targets,
         "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"},
-                    "tooltip": {"mode": "multi"}},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "multi"},
+        },
     }
 
 
@@ -106,7 +108,9 @@ def variables() -> dict[str, Any]:
     }
 
 
-def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str]) -> dict[str, Any]:
+def dashboard(
+    uid: str, title: str, panels: list[dict[str, Any]], tags: list[str]
+) -> dict[str, Any]:
     for i, p in enumerate(panels, start=1):
         p["id"] = i
     return {
@@ -123,11 +127,19 @@ def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str
         "templating": variables(),
         "annotations": {"list": []},
         "links": [
-            {"title": "Traces in Jaeger", "type": "link", "targetBlank": True,
-             "url": "/explore?left=" + json.dumps(
-                 {"datasource": JAEGER_UID, "queries": [{"refId": "A", "queryType": "search",
-                                                        "service": "$job"}]},
-                 separators=(",", ":"))},
+            {
+                "title": "Traces in Jaeger",
+                "type": "link",
+                "targetBlank": True,
+                "url": "/explore?left="
+                + json.dumps(
+                    {
+                        "datasource": JAEGER_UID,
+                        "queries": [{"refId": "A", "queryType": "search", "service": "$job"}],
+                    },
+                    separators=(",", ":"),
+                ),
+            },
         ],
         "panels": panels,
     }
@@ -135,60 +147,120 @@ def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str
 
 def step_quantile(q: float, by: str = "") -> str:
     group = f"le, {by}" if by else "le"
-    return (f"histogram_quantile({q}, sum by ({group}) "
-            f"(rate({n(c.STEP_DURATION, 'bucket')}{{{F}}}[{RATE}])))")
+    return (
+        f"histogram_quantile({q}, sum by ({group}) "
+        f"(rate({n(c.STEP_DURATION, 'bucket')}{{{F}}}[{RATE}])))"
+    )
 
 
 def phase_seconds_per_step(phases: str = "") -> str:
     sel = f'{F}, phase=~"{phases}"' if phases else F
-    return (f"sum by (phase) (rate({n(c.PHASE_DURATION, 'sum')}{{{sel}}}[{RATE}])) "
-            f"/ scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))")
+    return (
+        f"sum by (phase) (rate({n(c.PHASE_DURATION, 'sum')}{{{sel}}}[{RATE}])) "
+        f"/ scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))"
+    )
 
 
 def memory_targets(phases: str = "") -> list[dict[str, Any]]:
     sel = f'{F}, kind="allocated"' + (f', phase=~"{phases}"' if phases else "")
-    peak = (f"max by (phase) ({n(c.PHASE_MEMORY_PEAK)}{{{sel}}}) or on() "
-            f'label_replace(max({n(c.PROCESS_MEMORY_PEAK_RSS)}{{{F}}}), "phase", "host peak RSS", "", "")')
-    limit = (f"max({n(c.DEVICE_MEMORY_LIMIT)}{{{F}}}) or on() "
-             f"max({n(c.HOST_MEMORY_TOTAL)}{{{F}}})")
+    peak = (
+        f"max by (phase) ({n(c.PHASE_MEMORY_PEAK)}{{{sel}}}) or on() "
+        f"label_replace(max({n(c.PROCESS_MEMORY_PEAK_RSS)}{{{F}}}), "
+        '"phase", "host peak RSS", "", "")'
+    )
+    limit = f"max({n(c.DEVICE_MEMORY_LIMIT)}{{{F}}}) or on() max({n(c.HOST_MEMORY_TOTAL)}{{{F}}})"
     return [target(peak, "{{phase}}", "A"), target(limit, "limit", "B")]
 
 
 def overview() -> dict[str, Any]:
     panels = [
-        panel("Step time p50 / p95", [
-            target(step_quantile(0.5), "p50", "A", exemplar=True),
-            target(step_quantile(0.95), "p95", "B", exemplar=True),
-        ], "s", (0, 0, 12, 8), description="Host wall time per step. Exemplar dots open the "
-              "sampled step's trace in Jaeger."),
-        panel("Throughput", [
-            target(f"sum({n(c.THROUGHPUT_SAMPLES)}{{{F}}})", "samples/s", "A"),
-            target(f"sum({n(c.THROUGHPUT_TOKENS)}{{{F}}})", "tokens/s", "B"),
-        ], "short", (12, 0, 12, 8), description="Summed over the selected ranks."),
-        panel("Time per phase (per step)", [
-            target(phase_seconds_per_step(), "{{phase}}", "A"),
-        ], "s", (0, 8, 12, 8), stacked=True, description="Mean seconds per step spent in each "
-              "phase (device time where measured). Nested phases are included in their parents."),
-        panel("Peak memory per phase", memory_targets(), "bytes", (12, 8, 12, 8),
-              description="Peak CUDA allocator bytes per phase against device memory; on CPU "
-              "runs, host peak RSS against host memory."),
-        panel("Step time by rank (p50)", [
-            target(step_quantile(0.5, "otel_train_rank"), "rank {{otel_train_rank}}", "A",
-                   exemplar=True),
-        ], "s", (0, 16, 12, 8), description="Spread across ranks: a rank above the others is a "
-              "straggler."),
-        panel("Loss", [
-            target(f'{n(c.SCALAR)}{{{F}, name="loss"}}', "rank {{otel_train_rank}}", "A"),
-        ], "short", (12, 16, 12, 8), description="Recorded with otel_train.record(loss=...)."),
-        panel("otel-train health", [
-            target(f"max({n(c.PENDING_STEPS)}{{{F}}})", "pending steps", "A"),
-            target(f"sum by (reason) (rate({n(c.DROPPED)}{{{F}}}[{RATE}]))", "dropped {{reason}}/s", "B"),
-            target(f"sum(rate({n(c.SPANS_EMITTED)}{{{F}}}[{RATE}]))", "spans/s", "C"),
-        ], "short", (0, 24, 12, 8), description="Steps waiting for CUDA events, telemetry "
-              "dropped so training never waits, spans emitted."),
-        panel("otel-train CPU time per step", [
-            target(f"max({n(c.OVERHEAD)}{{{F}}})", "worker CPU s/step", "A"),
-        ], "s", (12, 24, 12, 8)),
+        panel(
+            "Step time p50 / p95",
+            [
+                target(step_quantile(0.5), "p50", "A", exemplar=True),
+                target(step_quantile(0.95), "p95", "B", exemplar=True),
+            ],
+            "s",
+            (0, 0, 12, 8),
+            description="Host wall time per step. Exemplar dots open the "
+            "sampled step's trace in Jaeger.",
+        ),
+        panel(
+            "Throughput",
+            [
+                target(f"sum({n(c.THROUGHPUT_SAMPLES)}{{{F}}})", "samples/s", "A"),
+                target(f"sum({n(c.THROUGHPUT_TOKENS)}{{{F}}})", "tokens/s", "B"),
+            ],
+            "short",
+            (12, 0, 12, 8),
+            description="Summed over the selected ranks.",
+        ),
+        panel(
+            "Time per phase (per step)",
+            [
+                target(phase_seconds_per_step(), "{{phase}}", "A"),
+            ],
+            "s",
+            (0, 8, 12, 8),
+            stacked=True,
+            description="Mean seconds per step spent in each "
+            "phase (device time where measured). Nested phases are included in their parents.",
+        ),
+        panel(
+            "Peak memory per phase",
+            memory_targets(),
+            "bytes",
+            (12, 8, 12, 8),
+            description="Peak CUDA allocator bytes per phase against device memory; on CPU "
+            "runs, host peak RSS against host memory.",
+        ),
+        panel(
+            "Step time by rank (p50)",
+            [
+                target(
+                    step_quantile(0.5, "otel_train_rank"),
+                    "rank {{otel_train_rank}}",
+                    "A",
+                    exemplar=True,
+                ),
+            ],
+            "s",
+            (0, 16, 12, 8),
+            description="Spread across ranks: a rank above the others is a straggler.",
+        ),
+        panel(
+            "Loss",
+            [
+                target(f'{n(c.SCALAR)}{{{F}, name="loss"}}', "rank {{otel_train_rank}}", "A"),
+            ],
+            "short",
+            (12, 16, 12, 8),
+            description="Recorded with otel_train.record(loss=...).",
+        ),
+        panel(
+            "otel-train health",
+            [
+                target(f"max({n(c.PENDING_STEPS)}{{{F}}})", "pending steps", "A"),
+                target(
+                    f"sum by (reason) (rate({n(c.DROPPED)}{{{F}}}[{RATE}]))",
+                    "dropped {{reason}}/s",
+                    "B",
+                ),
+                target(f"sum(rate({n(c.SPANS_EMITTED)}{{{F}}}[{RATE}]))", "spans/s", "C"),
+            ],
+            "short",
+            (0, 24, 12, 8),
+            description="Steps waiting for CUDA events, telemetry "
+            "dropped so training never waits, spans emitted.",
+        ),
+        panel(
+            "otel-train CPU time per step",
+            [
+                target(f"max({n(c.OVERHEAD)}{{{F}}})", "worker CPU s/step", "A"),
+            ],
+            "s",
+            (12, 24, 12, 8),
+        ),
     ]
     return dashboard("otel-train-overview", "otel-train: training overview", panels, ["training"])
 
@@ -197,25 +269,53 @@ RL = "rollout|train|optimizer|weight_sync"
 
 
 def rl_loop() -> dict[str, Any]:
-    share = (f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{{F}, phase=~"{RL}"}}[{RATE}])) '
-             f"/ scalar(sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])))")
-    quantile = (f"histogram_quantile(0.95, sum by (le, phase) (rate("
-                f'{n(c.PHASE_DURATION, "bucket")}{{{F}, phase=~"{RL}"}}[{RATE}])))')
+    share = (
+        f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{{F}, phase=~"{RL}"}}[{RATE}])) '
+        f"/ scalar(sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])))"
+    )
+    quantile = (
+        f"histogram_quantile(0.95, sum by (le, phase) (rate("
+        f'{n(c.PHASE_DURATION, "bucket")}{{{F}, phase=~"{RL}"}}[{RATE}])))'
+    )
     panels = [
-        panel("Iteration time by phase", [target(phase_seconds_per_step(RL), "{{phase}}", "A")],
-              "s", (0, 0, 12, 8), stacked=True,
-              description="Mean seconds per iteration in rollout, train, optimizer and weight sync."),
-        panel("Share of the iteration", [target(share, "{{phase}}", "A")], "percentunit",
-              (12, 0, 12, 8), kind="bargauge"),
-        panel("Phase time p95", [target(quantile, "{{phase}}", "A", exemplar=True)], "s",
-              (0, 8, 12, 8), description="Exemplar dots open the slow iteration's trace."),
+        panel(
+            "Iteration time by phase",
+            [target(phase_seconds_per_step(RL), "{{phase}}", "A")],
+            "s",
+            (0, 0, 12, 8),
+            stacked=True,
+            description="Mean seconds per iteration in rollout, train, optimizer and weight sync.",
+        ),
+        panel(
+            "Share of the iteration",
+            [target(share, "{{phase}}", "A")],
+            "percentunit",
+            (12, 0, 12, 8),
+            kind="bargauge",
+        ),
+        panel(
+            "Phase time p95",
+            [target(quantile, "{{phase}}", "A", exemplar=True)],
+            "s",
+            (0, 8, 12, 8),
+            description="Exemplar dots open the slow iteration's trace.",
+        ),
         panel("Peak memory per phase", memory_targets(RL), "bytes", (12, 8, 12, 8)),
-        panel("Reward", [target(f'{n(c.SCALAR)}{{{F}, name="reward"}}', "rank {{otel_train_rank}}",
-                                "A")], "short", (0, 16, 12, 8),
-              description="Recorded with otel_train.record(reward=...)."),
-        panel("Iterations per second", [
-            target(f"sum(rate({n(c.STEPS)}{{{F}}}[{RATE}]))", "iterations/s", "A"),
-        ], "short", (12, 16, 12, 8)),
+        panel(
+            "Reward",
+            [target(f'{n(c.SCALAR)}{{{F}, name="reward"}}', "rank {{otel_train_rank}}", "A")],
+            "short",
+            (0, 16, 12, 8),
+            description="Recorded with otel_train.record(reward=...).",
+        ),
+        panel(
+            "Iterations per second",
+            [
+                target(f"sum(rate({n(c.STEPS)}{{{F}}}[{RATE}]))", "iterations/s", "A"),
+            ],
+            "short",
+            (12, 16, 12, 8),
+        ),
     ]
     return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"])
 
@@ -264,6 +364,7 @@ providers:
 
 def outputs() -> dict[str, str]:
     """Relative path under grafana/ -> file content."""
+
     def js(d: dict[str, Any]) -> str:
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 

@@ -18,7 +18,7 @@ Usage::
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 from . import contract, session
 from .adapters import Instrumentation, kind_of, select
@@ -66,7 +66,11 @@ def instrument(
     settings, before changing anything.
     """
     attach = select(
-        target, optimizer=optimizer, dataloader=dataloader, phases=phases, step=step,
+        target,
+        optimizer=optimizer,
+        dataloader=dataloader,
+        phases=phases,
+        step=step,
         count_batch=count_batch,
     )
     sess = session.get_or_create(settings, tracer_provider, meter_provider)
@@ -95,7 +99,7 @@ class _NullScope:
     def __enter__(self) -> _NullScope:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> Literal[False]:
         return False
 
 

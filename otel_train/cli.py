@@ -28,13 +28,17 @@ def _demo_model(vocab: int, dim: int, seq: int) -> Any:
             layer = torch.nn.TransformerEncoderLayer(
                 dim, nhead=4, dim_feedforward=4 * dim, batch_first=True, dropout=0.0
             )
-            self.blocks = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+            self.blocks = torch.nn.TransformerEncoder(
+                layer, num_layers=2, enable_nested_tensor=False
+            )
             self.head = torch.nn.Linear(dim, vocab)
             self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(seq))
 
         def forward(self, input_ids: Any) -> Any:
             h = self.embed(input_ids) + self.pos[: input_ids.shape[1]]
-            h = self.blocks(h, mask=self.mask[: input_ids.shape[1], : input_ids.shape[1]], is_causal=True)
+            n = input_ids.shape[1]
+            mask: Any = self.mask
+            h = self.blocks(h, mask=mask[:n, :n], is_causal=True)
             return self.head(h)
 
     return TinyLM()
@@ -70,8 +74,9 @@ def demo(args: argparse.Namespace) -> int:
     vocab, dim, seq, batch = 256, 64, 64, 16
     model = _demo_model(vocab, dim, seq).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = torch.utils.data.DataLoader(
-        _Corpus(vocab, seq, batch * 64), batch_size=batch, shuffle=True, drop_last=True
+    corpus: Any = _Corpus(vocab, seq, batch * 64)
+    loader: Any = torch.utils.data.DataLoader(
+        corpus, batch_size=batch, shuffle=True, drop_last=True
     )
     settings: dict[str, Any] = {"console_every": args.every}
     if args.otlp_endpoint:
@@ -92,8 +97,10 @@ def demo(args: argparse.Namespace) -> int:
         where.append(f"/metrics on http://{host}:{port}/metrics")
     if sess is not None and sess.telemetry.tracer_provider is not None:
         where.append("OTLP export on")
-    print(f"otel-train demo: {args.steps} steps on {device}; " + ("; ".join(where) or
-          "no exporters"), file=sys.stderr)
+    print(
+        f"otel-train demo: {args.steps} steps on {device}; " + ("; ".join(where) or "no exporters"),
+        file=sys.stderr,
+    )
     done = 0
     loss_fn = torch.nn.functional.cross_entropy
     while done < args.steps:
@@ -103,7 +110,7 @@ def demo(args: argparse.Namespace) -> int:
             logits = model(ids)
             loss = loss_fn(logits.reshape(-1, vocab), labels.reshape(-1))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             otel_train.record(loss=loss.detach())
             done += 1
@@ -119,7 +126,9 @@ def demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="train a tiny model with otel-train on (CPU, or GPU if present)")
+    d = sub.add_parser(
+        "demo", help="train a tiny model with otel-train on (CPU, or GPU if present)"
+    )
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--every", type=int, default=100, help="console table every N steps")
     d.add_argument("--otlp-endpoint", default=None, help="e.g. http://127.0.0.1:4318")

@@ -143,8 +143,9 @@ RESOURCE_JOB = AttributeSpec(
     "otel_train.job", "string", "", "Resource: job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)."
 )
 RESOURCE_ATTRIBUTES = (
-    AttributeSpec("service.name", "string", "", "service_name setting, OTEL_SERVICE_NAME, "
-                  "else 'otel-train'."),
+    AttributeSpec(
+        "service.name", "string", "", "service_name setting, OTEL_SERVICE_NAME, else 'otel-train'."
+    ),
     AttributeSpec("service.instance.id", "string", "", "Random UUID per process."),
     AttributeSpec("host.name", "string", "", "Host name of the node."),
     RESOURCE_RANK,

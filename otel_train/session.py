@@ -82,7 +82,7 @@ class Session:
             sampler,
             console,
             settings.throughput_window,
-            span_failures=(lambda: t.span_exporter.failed) if t.span_exporter else None,
+            span_failures=_failures_of(t.span_exporter),
         )
         self.instrumentations: dict[int, Instrumentation] = {}
         self.closed = False
@@ -121,6 +121,10 @@ class Session:
             except Exception:
                 _log.exception("otel-train: printing the run summary failed")
         return self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+
+
+def _failures_of(exporter: Any) -> Any:
+    return None if exporter is None else (lambda: exporter.failed)
 
 
 _lock = threading.RLock()

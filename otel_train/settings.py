@@ -116,18 +116,26 @@ class Settings:
 
     service_name: str | None = field(
         default=None,
-        metadata={"parse": _optional_str, "doc": "service.name; default OTEL_SERVICE_NAME, "
-                  "else 'otel-train'."},
+        metadata={
+            "parse": _optional_str,
+            "doc": "service.name; default OTEL_SERVICE_NAME, else 'otel-train'.",
+        },
     )
     otlp_endpoint: str | None = field(
         default=None,
-        metadata={"parse": _endpoint, "doc": "OTLP base URL. Default: the standard "
-                  "OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ / _METRICS_ variables; none = no OTLP."},
+        metadata={
+            "parse": _endpoint,
+            "doc": "OTLP base URL. Default: the standard "
+            "OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ / _METRICS_ variables; none = no OTLP.",
+        },
     )
     otlp_protocol: str = field(
         default="http/protobuf",
-        metadata={"parse": _choice("http/protobuf", "grpc"), "std_env":
-                  "OTEL_EXPORTER_OTLP_PROTOCOL", "doc": "http/protobuf (fork-safe) or grpc."},
+        metadata={
+            "parse": _choice("http/protobuf", "grpc"),
+            "std_env": "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "doc": "http/protobuf (fork-safe) or grpc.",
+        },
     )
     prometheus: bool = field(
         default=True,
@@ -135,23 +143,35 @@ class Settings:
     )
     prometheus_host: str = field(
         default="127.0.0.1",
-        metadata={"parse": _host, "std_env": "OTEL_EXPORTER_PROMETHEUS_HOST",
-                  "doc": "Interface /metrics binds to (loopback unless you opt in)."},
+        metadata={
+            "parse": _host,
+            "std_env": "OTEL_EXPORTER_PROMETHEUS_HOST",
+            "doc": "Interface /metrics binds to (loopback unless you opt in).",
+        },
     )
     prometheus_port: int = field(
         default=9464,
-        metadata={"parse": _int_range(0, 65535), "std_env": "OTEL_EXPORTER_PROMETHEUS_PORT",
-                  "doc": "Port of /metrics (0 = any free port)."},
+        metadata={
+            "parse": _int_range(0, 65535),
+            "std_env": "OTEL_EXPORTER_PROMETHEUS_PORT",
+            "doc": "Port of /metrics (0 = any free port).",
+        },
     )
     metric_export_interval: float = field(
         default=10.0,
-        metadata={"parse": _float_range(0.1, 3600.0), "doc": "Seconds between OTLP metric "
-                  "exports (OTEL_METRIC_EXPORT_INTERVAL, in ms, is honoured when set)."},
+        metadata={
+            "parse": _float_range(0.1, 3600.0),
+            "doc": "Seconds between OTLP metric "
+            "exports (OTEL_METRIC_EXPORT_INTERVAL, in ms, is honoured when set).",
+        },
     )
     console_every: int = field(
         default=100,
-        metadata={"parse": _int_range(0, 10**9), "doc": "Print the per-step phase table every "
-                  "N steps; 0 = never. The run summary prints at shutdown unless console is off."},
+        metadata={
+            "parse": _int_range(0, 10**9),
+            "doc": "Print the per-step phase table every "
+            "N steps; 0 = never. The run summary prints at shutdown unless console is off.",
+        },
     )
     console: str = field(
         default="stderr",
@@ -159,8 +179,11 @@ class Settings:
     )
     trace_steps: str = field(
         default="sampled",
-        metadata={"parse": _choice("sampled", "all", "none"), "doc": "Which steps become "
-                  "traces: sampled (the slowest of each window, errors and the first), all, none."},
+        metadata={
+            "parse": _choice("sampled", "all", "none"),
+            "doc": "Which steps become "
+            "traces: sampled (the slowest of each window, errors and the first), all, none.",
+        },
     )
     trace_window: int = field(
         default=100,
@@ -168,8 +191,10 @@ class Settings:
     )
     trace_window_seconds: float = field(
         default=60.0,
-        metadata={"parse": _float_range(0.01, 86400.0), "doc": "A sampling window also "
-                  "closes after this many seconds."},
+        metadata={
+            "parse": _float_range(0.01, 86400.0),
+            "doc": "A sampling window also closes after this many seconds.",
+        },
     )
     trace_slowest: int = field(
         default=1,
@@ -177,8 +202,10 @@ class Settings:
     )
     device_timing: str = field(
         default="auto",
-        metadata={"parse": _choice("auto", "cuda", "off"), "doc": "CUDA event timing: auto "
-                  "(when CUDA is available), cuda (required), off."},
+        metadata={
+            "parse": _choice("auto", "cuda", "off"),
+            "doc": "CUDA event timing: auto (when CUDA is available), cuda (required), off.",
+        },
     )
     memory: bool = field(
         default=True,
@@ -186,19 +213,27 @@ class Settings:
     )
     reset_peak_memory: bool = field(
         default=True,
-        metadata={"parse": _bool, "doc": "Reset the allocator's peak statistics at phase "
-                  "boundaries (exact per-phase peaks). Off: peaks are since the last reset "
-                  "anyone made (upper bounds), and your own resets are never disturbed."},
+        metadata={
+            "parse": _bool,
+            "doc": "Reset the allocator's peak statistics at phase "
+            "boundaries (exact per-phase peaks). Off: peaks are since the last reset "
+            "anyone made (upper bounds), and your own resets are never disturbed.",
+        },
     )
     max_pending_steps: int = field(
         default=1024,
-        metadata={"parse": _int_range(1, 10**6), "doc": "Finished steps held while their "
-                  "CUDA events resolve; beyond it the oldest is dropped and counted."},
+        metadata={
+            "parse": _int_range(1, 10**6),
+            "doc": "Finished steps held while their "
+            "CUDA events resolve; beyond it the oldest is dropped and counted.",
+        },
     )
     shutdown_timeout: float = field(
         default=5.0,
-        metadata={"parse": _float_range(0.0, 600.0), "doc": "Seconds shutdown() may take, "
-                  "flush included, even with the collector down."},
+        metadata={
+            "parse": _float_range(0.0, 600.0),
+            "doc": "Seconds shutdown() may take, flush included, even with the collector down.",
+        },
     )
     throughput_window: int = field(
         default=20,

@@ -43,12 +43,15 @@ def select(
 ) -> Callable[[Instrumentation], None]:
     """Validate everything and return the function that attaches; raises before any change."""
     if count_batch is not None and not callable(count_batch):
-        raise TypeError("otel_train.instrument(): count_batch= must be callable(batch) -> "
-                        "(samples, tokens)")
+        raise TypeError(
+            "otel_train.instrument(): count_batch= must be callable(batch) -> (samples, tokens)"
+        )
     if phases is not None or step is not None:
         if optimizer is not None or dataloader is not None:
-            raise TypeError("otel_train.instrument(): phases=/step= cannot be combined with "
-                            "optimizer=/dataloader=")
+            raise TypeError(
+                "otel_train.instrument(): phases=/step= cannot be combined with "
+                "optimizer=/dataloader="
+            )
         from . import methods
 
         if phases is None:

@@ -6,6 +6,7 @@ runs them in reverse order, exactly once, and leaves the target as it was.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -91,10 +92,8 @@ def patch_attribute(inst: Instrumentation, obj: Any, name: str, value: Any) -> N
         if had:
             setattr(obj, name, old)
         else:
-            try:
+            with contextlib.suppress(AttributeError):
                 delattr(obj, name)
-            except AttributeError:
-                pass
 
     inst.on_undo(undo)
 
@@ -112,7 +111,7 @@ def count_batch(batch: Any) -> tuple[int | None, int | None]:
             return x
         if depth > 3:
             return None
-        if isinstance(x, dict) or hasattr(x, "keys") and hasattr(x, "__getitem__"):
+        if isinstance(x, dict) or (hasattr(x, "keys") and hasattr(x, "__getitem__")):
             for key in ("input_ids", "inputs", "x"):
                 try:
                     v = x[key]
@@ -141,14 +140,15 @@ def count_batch(batch: Any) -> tuple[int | None, int | None]:
     tokens = None
     if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
         try:
-            mask = batch["attention_mask"] if "attention_mask" in batch else None
+            # Mappings here need only keys/__getitem__ (BatchEncoding, UserDict), not .get.
+            mask = batch["attention_mask"] if "attention_mask" in batch else None  # noqa: SIM401
         except Exception:
             mask = None
         if isinstance(mask, torch.Tensor) and not mask.is_cuda:
             tokens = int(mask.sum())
         else:
             try:
-                ids = batch["input_ids"] if "input_ids" in batch else None
+                ids = batch["input_ids"] if "input_ids" in batch else None  # noqa: SIM401
             except Exception:
                 ids = None
             if isinstance(ids, torch.Tensor):

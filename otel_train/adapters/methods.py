@@ -48,9 +48,7 @@ def validate(target: Any, phases: Any, step: Any) -> dict[str, tuple[str, ...]]:
     if step is not None:
         _check_method(target, step, "step")
         if step in seen:
-            raise ConfigError(
-                f"otel_train.instrument(): step={step!r} is also mapped to a phase"
-            )
+            raise ConfigError(f"otel_train.instrument(): step={step!r} is also mapped to a phase")
     return out
 
 

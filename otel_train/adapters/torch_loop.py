@@ -93,11 +93,14 @@ def _install_backward_patch() -> None:
 
 def _remove_backward_patch() -> None:
     global _ORIGINAL_BACKWARD
-    if _ORIGINAL_BACKWARD is not None and not _ACTIVE:
-        if torch.autograd.backward is _patched_backward:
-            torch.autograd.backward = _ORIGINAL_BACKWARD
-            _ORIGINAL_BACKWARD = None
-        # else: someone wrapped us; leave the chain intact (we pass through when inactive)
+    # If someone wrapped us since, leave the chain intact: we pass through when inactive.
+    if (
+        _ORIGINAL_BACKWARD is not None
+        and not _ACTIVE
+        and torch.autograd.backward is _patched_backward
+    ):
+        torch.autograd.backward = _ORIGINAL_BACKWARD
+        _ORIGINAL_BACKWARD = None
 
 
 class _TimedIterator:
@@ -160,12 +163,15 @@ def _timed_loader_class(cls: type) -> type:
     if sub is None:
 
         def __iter__(self: Any) -> Any:
-            it = cls.__iter__(self)
+            it = cls.__iter__(self)  # type: ignore[attr-defined]
             adapter = _LOADER_ADAPTERS.get(id(self))
             return _TimedIterator(it, adapter) if adapter is not None else it
 
-        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
-                                          "__qualname__": cls.__qualname__})
+        sub = type(
+            cls.__name__,
+            (cls,),
+            {"__iter__": __iter__, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
         _LOADER_CLASSES[cls] = sub
     return sub
 

@@ -64,7 +64,7 @@ class HistogramBridge:
                     last[(name, attrs)] = (h, now)
                     if prev is not None:
                         before, start = prev
-                        counts = [a - b for a, b in zip(h.counts, before.counts)]
+                        counts = [a - b for a, b in zip(h.counts, before.counts, strict=True)]
                         total, count = h.sum - before.sum, h.count - before.count
                     if count == 0:
                         continue
@@ -126,7 +126,9 @@ class HistogramBridge:
 class _Bridged:
     _otel_train_bridge: HistogramBridge
 
-    def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> None:
+    def _receive_metrics(
+        self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any
+    ) -> None:
         try:
             metrics_data = self._otel_train_bridge.merge(self, metrics_data)
         except Exception:  # never lose the SDK's own metrics because of ours

@@ -27,7 +27,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ..settings import ConfigError, Settings
-from .bridge import BridgedInMemoryReader, BridgedPeriodicReader, BridgedPrometheusReader, HistogramBridge
+from .bridge import (
+    BridgedInMemoryReader,
+    BridgedPeriodicReader,
+    BridgedPrometheusReader,
+    HistogramBridge,
+)
 from .resource import build_resource
 
 _log = logging.getLogger("otel_train")
@@ -120,7 +125,9 @@ def build_telemetry(
 ) -> Telemetry:
     if tracer_provider is not None or meter_provider is not None:
         return Telemetry(
-            tracer_provider, meter_provider, _BRIDGES.get(meter_provider) if meter_provider else None
+            tracer_provider,
+            meter_provider,
+            _BRIDGES.get(meter_provider) if meter_provider else None,
         )
     gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
     if _is_sdk_tracer_provider(gtp) or _is_sdk_meter_provider(gmp):
@@ -140,7 +147,11 @@ def _span_exporter(settings: Settings) -> SpanExporter:
     base = settings.otlp_endpoint
     if settings.otlp_protocol == "grpc":
         mod = _import_grpc()
-        return mod.trace_exporter.OTLPSpanExporter(endpoint=base) if base else mod.trace_exporter.OTLPSpanExporter()
+        return (  # type: ignore[no-any-return]
+            mod.trace_exporter.OTLPSpanExporter(endpoint=base)
+            if base
+            else mod.trace_exporter.OTLPSpanExporter()
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     if base:
@@ -152,7 +163,11 @@ def _metric_exporter(settings: Settings) -> Any:
     base = settings.otlp_endpoint
     if settings.otlp_protocol == "grpc":
         mod = _import_grpc()
-        return mod.metric_exporter.OTLPMetricExporter(endpoint=base) if base else mod.metric_exporter.OTLPMetricExporter()
+        return (
+            mod.metric_exporter.OTLPMetricExporter(endpoint=base)
+            if base
+            else mod.metric_exporter.OTLPMetricExporter()
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     if base:

@@ -130,7 +130,10 @@ class ConsoleReporter:
             head += f"  {self._win_tokens / self._win_seconds:,.0f} tokens/s"
         if self.last_scalars:
             head += "  " + "  ".join(f"{k} {v:.4g}" for k, v in self.last_scalars.items())
-        lines = [head, f"{'phase':<24}{'time/step':>12}{'% step':>9}{'peak alloc':>13}{'% device':>10}"]
+        lines = [
+            head,
+            f"{'phase':<24}{'time/step':>12}{'% step':>9}{'peak alloc':>13}{'% device':>10}",
+        ]
         for name, t in self._window.items():
             per_step = t.seconds / n
             pct = 100.0 * t.seconds / self._win_seconds if self._win_seconds > 0 else 0.0
@@ -162,7 +165,9 @@ class ConsoleReporter:
             lines.append(f"  {self.run_samples:,} samples ({self.run_samples / wall:,.1f}/s)")
         if self.run_tokens:
             lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
-        lines.append(f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}")
+        lines.append(
+            f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}"
+        )
         for name, t in self._run.items():
             lines.append(
                 f"{name:<24}{fmt_seconds(t.seconds):>12}{100.0 * t.seconds / wall:>8.1f}%"

@@ -29,7 +29,7 @@ import torch
 
 def cuda_ready() -> bool:
     """CUDA usable without creating a context ourselves (the user already initialised it)."""
-    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
 
 class EventPool:
@@ -45,7 +45,7 @@ class EventPool:
         try:
             ev = self._free.pop()
         except IndexError:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self.created += 1
         ev.record()
         return ev
@@ -74,7 +74,8 @@ class DeviceClock:
         anchor = self._anchor
         offsets = [int(anchor.elapsed_time(ev) * 1_000_000) for ev, _ in events]
         # Lower-bound correction: device time of an event >= its host record time.
-        lift = max(host - (self._anchor_host + off) for (_, host), off in zip(events, offsets))
+        base = self._anchor_host
+        lift = max(host - (base + off) for (_, host), off in zip(events, offsets, strict=True))
         if lift > 0:
             self._anchor_host += lift
         placed = [self._anchor_host + off for off in offsets]

@@ -9,6 +9,7 @@ records them through ``Histogram.record`` on the worker thread (about 5 us each)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
@@ -25,10 +26,8 @@ from .aggregate import Attrs, MetricsAggregator
 _log = logging.getLogger("otel_train")
 
 _PAGE = 4096
-try:  # pragma: no branch
+with contextlib.suppress(ValueError, OSError, AttributeError):
     _PAGE = os.sysconf("SC_PAGE_SIZE")
-except (ValueError, OSError, AttributeError):  # pragma: no cover
-    pass
 
 
 def _rss_bytes() -> int | None:
@@ -65,20 +64,30 @@ class Publisher:
                     self.histograms[spec.name] = _histogram(meter, spec)
             elif spec.instrument == "counter":
                 meter.create_observable_counter(
-                    spec.name, [self._reader(spec.name)], unit=spec.unit,
+                    spec.name,
+                    [self._reader(spec.name)],
+                    unit=spec.unit,
                     description=spec.description,
                 )
             else:
                 meter.create_observable_gauge(
-                    spec.name, [self._callback_for(spec)], unit=spec.unit,
+                    spec.name,
+                    [self._callback_for(spec)],
+                    unit=spec.unit,
                     description=spec.description,
                 )
 
-    def _callback_for(self, spec: c.MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _callback_for(
+        self, spec: c.MetricSpec
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         if spec is c.PROCESS_MEMORY_RSS:
-            return self._guard(spec.name, lambda: [] if (v := _rss_bytes()) is None else [Observation(v)])
+            return self._guard(
+                spec.name, lambda: [] if (v := _rss_bytes()) is None else [Observation(v)]
+            )
         if spec is c.HOST_MEMORY_TOTAL:
-            return self._guard(spec.name, lambda: [] if (v := _host_total_bytes()) is None else [Observation(v)])
+            return self._guard(
+                spec.name, lambda: [] if (v := _host_total_bytes()) is None else [Observation(v)]
+            )
         if spec is c.PROCESS_MEMORY_PEAK_RSS:
             return self._guard(spec.name, lambda: [Observation(_peak_rss_bytes())])
         return self._reader(spec.name)
@@ -112,7 +121,9 @@ class Publisher:
 def _histogram(meter: metrics.Meter, spec: c.MetricSpec) -> Any:
     try:
         return meter.create_histogram(
-            spec.name, unit=spec.unit, description=spec.description,
+            spec.name,
+            unit=spec.unit,
+            description=spec.description,
             explicit_bucket_boundaries_advisory=list(c.DURATION_BUCKETS),
         )
     except TypeError:  # pragma: no cover - API older than 1.23 has no bucket advice

@@ -21,7 +21,7 @@ import logging
 import threading
 import traceback
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -46,6 +46,8 @@ class OpenStep:
     """A step being recorded, then handed to the worker as is."""
 
     __slots__ = (
+        "closed",
+        "device",
         "ev0",
         "ev1",
         "index",
@@ -58,8 +60,6 @@ class OpenStep:
         "t1",
         "tokens",
         "top",
-        "closed",
-        "device",
     )
 
     def __init__(self, index: int, t0: int, mode: int, ev0: Any, device: int | None) -> None:
@@ -110,7 +110,7 @@ class PhaseScope:
         self._rec.enter(self._name)
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         self._rec.exit(et, ev, self._name)
         return False
 
@@ -128,7 +128,7 @@ class StepScope:
         self._opened = self._rec.begin_step(EXPLICIT, self._samples, self._tokens)
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         # A nested step opened nothing (the outer one stands): it must not end the outer one.
         if self._opened is not None and self._opened is self._rec.current_step:
             self._rec.end_step(EXPLICIT)
@@ -194,8 +194,12 @@ class Recorder:
             if current is not None:
                 if mode == EXPLICIT and current.mode == EXPLICIT:
                     return None  # nested explicit step: the outer one stands
-                if (mode == EXPLICIT and current.mode == ADAPTER and not self._stack()
-                        and all(p[2] in HOST_PHASES for p in current.phases)):
+                if (
+                    mode == EXPLICIT
+                    and current.mode == ADAPTER
+                    and not self._stack()
+                    and all(p[2] in HOST_PHASES for p in current.phases)
+                ):
                     # ``for batch in loader: with step():`` -- the instrumented loader's
                     # fetch opened this step; it belongs to the user's step, not a step of its own.
                     current.mode = EXPLICIT
@@ -320,7 +324,9 @@ class Recorder:
                 if len(stack) >= MAX_STACK:
                     raise RuntimeError("phase nesting deeper than 8192: enter/exit mismatch?")
                 top = stack[-1]
-                stack.append([name, seq, top[1] if top[5] is step else -1, t, ev, step, 0, 0, r0, o0])
+                stack.append(
+                    [name, seq, top[1] if top[5] is step else -1, t, ev, step, 0, 0, r0, o0]
+                )
             else:
                 stack.append([name, seq, -1, t, ev, step, 0, 0, r0, o0])
         except Exception:
@@ -376,7 +382,9 @@ class Recorder:
                 self.events.release(entry[4])
                 self.events.release(ev)
                 return
-            step.phases.append((entry[1], entry[2], entry[0], entry[3], t, entry[4], ev, memory, error))
+            step.phases.append(
+                (entry[1], entry[2], entry[0], entry[3], t, entry[4], ev, memory, error)
+            )
         except Exception:
             self._fail()
 

@@ -9,8 +9,18 @@ HOST_PHASES = frozenset({"data"})
 
 
 class ResolvedPhase:
-    __slots__ = ("depth", "dev_end", "dev_start", "error", "host_end", "host_start", "memory",
-                 "name", "parent", "seq")
+    __slots__ = (
+        "depth",
+        "dev_end",
+        "dev_start",
+        "error",
+        "host_end",
+        "host_start",
+        "memory",
+        "name",
+        "parent",
+        "seq",
+    )
 
     def __init__(
         self,
@@ -61,8 +71,19 @@ class ResolvedPhase:
 
 
 class ResolvedStep:
-    __slots__ = ("dev_end", "dev_start", "error", "host_end", "host_start", "index", "phases",
-                 "samples", "sampled_because", "scalars", "tokens")
+    __slots__ = (
+        "dev_end",
+        "dev_start",
+        "error",
+        "host_end",
+        "host_start",
+        "index",
+        "phases",
+        "sampled_because",
+        "samples",
+        "scalars",
+        "tokens",
+    )
 
     def __init__(self, index: int, host_start: int, host_end: int) -> None:
         self.index = index

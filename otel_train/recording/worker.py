@@ -248,10 +248,22 @@ class Worker:
                             (c.PHASE_DURATION.name, ((A_CLOCK, clock), (A_PHASE, p.name)), seconds)
                         )
                     if p.memory is not None:
-                        agg.set(c.PHASE_MEMORY_PEAK.name, ((A_KIND, "allocated"), (A_PHASE, p.name)), p.memory[0])
-                        agg.set(c.PHASE_MEMORY_PEAK.name, ((A_KIND, "reserved"), (A_PHASE, p.name)), p.memory[1])
+                        agg.set(
+                            c.PHASE_MEMORY_PEAK.name,
+                            ((A_KIND, "allocated"), (A_PHASE, p.name)),
+                            p.memory[0],
+                        )
+                        agg.set(
+                            c.PHASE_MEMORY_PEAK.name,
+                            ((A_KIND, "reserved"), (A_PHASE, p.name)),
+                            p.memory[1],
+                        )
                         if total_bytes:
-                            agg.set(c.PHASE_MEMORY_UTILIZATION.name, ((A_PHASE, p.name),), p.memory[1] / total_bytes)
+                            agg.set(
+                                c.PHASE_MEMORY_UTILIZATION.name,
+                                ((A_PHASE, p.name),),
+                                p.memory[1] / total_bytes,
+                            )
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
                 self._throughput.append((step.host_end, step.samples or 0, step.tokens or 0))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -33,9 +32,19 @@ ROOT = Path(__file__).resolve().parents[2]
 STACK = [sys.executable, str(ROOT / "scripts" / "stack")]
 pytestmark = pytest.mark.stack
 
-PORT_NAMES = ["OTLP_GRPC", "OTLP_HTTP", "COLLECTOR_HEALTH", "COLLECTOR_METRICS",
-              "JAEGER_OTLP_GRPC", "JAEGER_OTLP_HTTP", "JAEGER_UI", "JAEGER_GRPC",
-              "JAEGER_HEALTH", "JAEGER_METRICS", "PROMETHEUS"]
+PORT_NAMES = [
+    "OTLP_GRPC",
+    "OTLP_HTTP",
+    "COLLECTOR_HEALTH",
+    "COLLECTOR_METRICS",
+    "JAEGER_OTLP_GRPC",
+    "JAEGER_OTLP_HTTP",
+    "JAEGER_UI",
+    "JAEGER_GRPC",
+    "JAEGER_HEALTH",
+    "JAEGER_METRICS",
+    "PROMETHEUS",
+]
 
 PLAIN = textwrap.dedent("""
     import os, sys, time, torch, otel_train
@@ -149,8 +158,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     try:
         yield {"env": env, "ports": ports}
     finally:
-        down = subprocess.run([*STACK, "down"], env=env, capture_output=True, text=True,
-                              timeout=120)
+        down = subprocess.run(
+            [*STACK, "down"], env=env, capture_output=True, text=True, timeout=120
+        )
         assert down.returncode == 0, down.stdout + down.stderr
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"pid {pid} survived"
@@ -163,22 +173,26 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def run_job(stack: Any, script: str, args: list[str], service: str, tmp: Path,
-            prometheus: bool) -> None:
+def run_job(
+    stack: Any, script: str, args: list[str], service: str, tmp: Path, prometheus: bool
+) -> None:
     path = tmp / f"{service}.py"
     path.write_text(script)
     env = dict(os.environ)
-    env.update({
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",
-        "OTEL_SERVICE_NAME": service,
-        "OTEL_TRAIN_METRIC_EXPORT_INTERVAL": "1",
-        "OTEL_TRAIN_TRACE_STEPS": "all",
-        "OTEL_TRAIN_CONSOLE": "off",
-        "OTEL_TRAIN_PROMETHEUS": "true" if prometheus else "false",
-        "OTEL_TRAIN_PROMETHEUS_PORT": "9464",
-    })
-    done = subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True,
-                          text=True, timeout=240)
+    env.update(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",
+            "OTEL_SERVICE_NAME": service,
+            "OTEL_TRAIN_METRIC_EXPORT_INTERVAL": "1",
+            "OTEL_TRAIN_TRACE_STEPS": "all",
+            "OTEL_TRAIN_CONSOLE": "off",
+            "OTEL_TRAIN_PROMETHEUS": "true" if prometheus else "false",
+            "OTEL_TRAIN_PROMETHEUS_PORT": "9464",
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -193,8 +207,13 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     scrape = port_free(9464)
     run_job(stack, PLAIN, ["40", "17" if scrape else "2.5"], plain, tmp, prometheus=scrape)
     run_job(stack, RL, ["20"], rl, tmp, prometheus=False)
-    return {"plain": plain, "rl": rl, "start": start, "steps": {"plain": 40, "rl": 20},
-            "scrape": scrape}
+    return {
+        "plain": plain,
+        "rl": rl,
+        "start": start,
+        "steps": {"plain": 40, "rl": 20},
+        "scrape": scrape,
+    }
 
 
 def prom(stack: Any, path: str, **params: str) -> Any:
@@ -208,10 +227,15 @@ def jaeger_traces(stack: Any, service: str, start: float) -> list[dict[str, Any]
     def rfc3339(t: float) -> str:
         return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-    params = {"query.service_name": service, "query.start_time_min": rfc3339(start - 60),
-              "query.start_time_max": rfc3339(time.time() + 60), "query.num_traces": "1000"}
-    url = (f"http://127.0.0.1:{stack['ports']['JAEGER_UI']}/api/v3/traces?"
-           + urllib.parse.urlencode(params))
+    params = {
+        "query.service_name": service,
+        "query.start_time_min": rfc3339(start - 60),
+        "query.start_time_max": rfc3339(time.time() + 60),
+        "query.num_traces": "1000",
+    }
+    url = f"http://127.0.0.1:{stack['ports']['JAEGER_UI']}/api/v3/traces?" + urllib.parse.urlencode(
+        params
+    )
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
     # The HTTP gateway may stream several {"result": ...} chunks back to back.
@@ -235,12 +259,16 @@ def attrs(span: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize(("kind", "phases"), [
-    ("plain", {"data", "forward", "backward", "optimizer"}),
-    ("rl", {"rollout", "train", "optimizer", "weight_sync"}),
-])
-def test_jaeger_holds_the_step_phase_trees(stack: Any, runs: dict[str, Any], kind: str,
-                                           phases: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "phases"),
+    [
+        ("plain", {"data", "forward", "backward", "optimizer"}),
+        ("rl", {"rollout", "train", "optimizer", "weight_sync"}),
+    ],
+)
+def test_jaeger_holds_the_step_phase_trees(
+    stack: Any, runs: dict[str, Any], kind: str, phases: set[str]
+) -> None:
     n = runs["steps"][kind]
 
     def steps_seen() -> list[dict[str, Any]]:
@@ -273,34 +301,53 @@ def test_jaeger_holds_the_step_phase_trees(stack: Any, runs: dict[str, Any], kin
             assert int(ra[c.STEP_TOKENS.key]) == 16 * 8
 
 
-def test_prometheus_holds_phase_memory_and_throughput_series(stack: Any,
-                                                              runs: dict[str, Any]) -> None:
+def test_prometheus_holds_phase_memory_and_throughput_series(
+    stack: Any, runs: dict[str, Any]
+) -> None:
     job = runs["plain"]
     sel = f'{{job="{job}"}}'
     count = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
-    result = poll(lambda: prom(stack, "/api/v1/query",
-                               query=f"max_over_time({count}{sel}[10m])")["result"],
-                  "phase duration series")
+    result = poll(
+        lambda: prom(stack, "/api/v1/query", query=f"max_over_time({count}{sel}[10m])")["result"],
+        "phase duration series",
+    )
     per_phase = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
     assert per_phase == {p: 40.0 for p in ("data", "forward", "backward", "optimizer")}
     assert {r["metric"]["otel_train_rank"] for r in result} == {"0"}
-    for spec in (c.PROCESS_MEMORY_RSS, c.THROUGHPUT_SAMPLES, c.THROUGHPUT_TOKENS, c.STEPS,
-                 c.SAMPLES, c.TOKENS):
-        got = prom(stack, "/api/v1/query",
-                   query=f"max_over_time({c.prometheus_base_name(spec)}{sel}[10m])")["result"]
+    for spec in (
+        c.PROCESS_MEMORY_RSS,
+        c.THROUGHPUT_SAMPLES,
+        c.THROUGHPUT_TOKENS,
+        c.STEPS,
+        c.SAMPLES,
+        c.TOKENS,
+    ):
+        got = prom(
+            stack, "/api/v1/query", query=f"max_over_time({c.prometheus_base_name(spec)}{sel}[10m])"
+        )["result"]
         assert got, f"no {spec.name} series"
         assert float(got[0]["value"][1]) > 0
-    total = prom(stack, "/api/v1/query", query=f"max_over_time({c.prometheus_base_name(c.SAMPLES)}"
-                                              f"{sel}[10m])")["result"]
+    total = prom(
+        stack,
+        "/api/v1/query",
+        query=f"max_over_time({c.prometheus_base_name(c.SAMPLES)}{sel}[10m])",
+    )["result"]
     assert float(total[0]["value"][1]) == 40 * 16
 
 
 def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any]) -> None:
     job = runs["plain"]
     bucket = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
-    data = poll(lambda: prom(stack, "/api/v1/query_exemplars", query=f'{bucket}{{job="{job}"}}',
-                             start=str(runs["start"] - 60), end=str(time.time() + 60)),
-                "exemplars")
+    data = poll(
+        lambda: prom(
+            stack,
+            "/api/v1/query_exemplars",
+            query=f'{bucket}{{job="{job}"}}',
+            start=str(runs["start"] - 60),
+            end=str(time.time() + 60),
+        ),
+        "exemplars",
+    )
     trace_ids = {e["labels"]["trace_id"] for series in data for e in series["exemplars"]}
     jaeger_ids = {s["traceId"] for s in jaeger_traces(stack, job, runs["start"])}
     assert trace_ids and trace_ids <= jaeger_ids
@@ -316,19 +363,27 @@ def _dashboard_queries() -> list[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize(("dashboard", "panel", "expr"), _dashboard_queries(),
-                         ids=[f"{d}:{p}" for d, p, _ in _dashboard_queries()])
+@pytest.mark.parametrize(
+    ("dashboard", "panel", "expr"),
+    _dashboard_queries(),
+    ids=[f"{d}:{p}" for d, p, _ in _dashboard_queries()],
+)
 def test_every_dashboard_query_returns_data_from_the_run(
     stack: Any, runs: dict[str, Any], dashboard: str, panel: str, expr: str
 ) -> None:
     job = runs["rl"] if dashboard == "rl-loop" else runs["plain"]
-    query = (expr.replace("$job", job).replace("$rank", ".*")
-             .replace("$__rate_interval", "1m"))
+    query = expr.replace("$job", job).replace("$rank", ".*").replace("$__rate_interval", "1m")
     end = time.time()
 
     def has_data() -> list[Any]:
-        result = prom(stack, "/api/v1/query_range", query=query, start=str(runs["start"]),
-                      end=str(end), step="2")["result"]
+        result = prom(
+            stack,
+            "/api/v1/query_range",
+            query=query,
+            start=str(runs["start"]),
+            end=str(end),
+            step="2",
+        )["result"]
         return [r for r in result if any(v[1] not in ("NaN", "+Inf", "-Inf") for v in r["values"])]
 
     assert poll(has_data, f"data for {dashboard} / {panel}", timeout=30)
@@ -336,22 +391,34 @@ def test_every_dashboard_query_returns_data_from_the_run(
 
 def test_dashboard_variables_list_the_run(stack: Any, runs: dict[str, Any]) -> None:
     steps = c.prometheus_base_name(c.STEPS)
-    jobs = prom(stack, f"/api/v1/label/job/values", **{"match[]": steps})
+    jobs = prom(stack, "/api/v1/label/job/values", **{"match[]": steps})
     assert runs["plain"] in jobs and runs["rl"] in jobs
-    ranks = prom(stack, "/api/v1/label/otel_train_rank/values",
-                 **{"match[]": f'{steps}{{job="{runs["plain"]}"}}'})
+    ranks = prom(
+        stack,
+        "/api/v1/label/otel_train_rank/values",
+        **{"match[]": f'{steps}{{job="{runs["plain"]}"}}'},
+    )
     assert ranks == ["0"]
 
 
-def test_scraped_series_are_labelled_and_not_double_counted(stack: Any,
-                                                            runs: dict[str, Any]) -> None:
+def test_scraped_series_are_labelled_and_not_double_counted(
+    stack: Any, runs: dict[str, Any]
+) -> None:
     if not runs["scrape"]:
         pytest.skip("port 9464 was busy: the in-process scrape target could not be served")
     steps = c.prometheus_base_name(c.STEPS)
-    scraped = poll(lambda: prom(stack, "/api/v1/query", query=f'max_over_time({steps}'
-                                '{otel_train_source="scrape"}[10m])')["result"],
-                   "a scrape of the in-process /metrics")
+    scraped = poll(
+        lambda: prom(
+            stack,
+            "/api/v1/query",
+            query=f'max_over_time({steps}{{otel_train_source="scrape"}}[10m])',
+        )["result"],
+        "a scrape of the in-process /metrics",
+    )
     assert all(r["metric"]["job"] == "otel-train-inprocess" for r in scraped)
-    otlp = prom(stack, "/api/v1/query", query=f'max_over_time({steps}{{job="{runs["plain"]}", '
-                                           f'otel_train_source=""}}[10m])')["result"]
+    otlp = prom(
+        stack,
+        "/api/v1/query",
+        query=f'max_over_time({steps}{{job="{runs["plain"]}", otel_train_source=""}}[10m])',
+    )["result"]
     assert [float(r["value"][1]) for r in otlp] == [40.0]
