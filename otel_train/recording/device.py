@@ -27,11 +27,6 @@ from typing import Any
 import torch
 
 
-def cuda_ready() -> bool:
-    """CUDA usable without creating a context ourselves (the user already initialised it)."""
-    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-
-
 class EventPool:
     """Reusable timing events; creation is not free, recording one is an async enqueue."""
 
