@@ -118,3 +118,11 @@ def test_dashboard_provider_points_where_compose_mounts_the_dashboards() -> None
     mounts = [v.split(":") for v in grafana["volumes"]]
     assert any(target == path and src.endswith("grafana/dashboards") for src, target, *_ in mounts)
     assert any(src.endswith("grafana/provisioning") for src, *_ in mounts)
+
+
+def test_grafana_opens_on_the_training_dashboard() -> None:
+    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
+    grafana = next(s for name, s in compose["services"].items() if "grafana" in name)
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == "/var/lib/grafana/dashboards/training-overview.json"
+    assert (GRAFANA / "dashboards" / Path(home).name).is_file()

@@ -1,0 +1,367 @@
+"""`scripts/stack up` / `down` for real, on loopback, on ports picked free for this run.
+
+The module starts the stack once, sends OTLP traces and metrics through the
+collector with plain HTTP requests (protobuf bodies built with
+opentelemetry-proto), reads them back from Jaeger's /api/v3 and from Prometheus,
+and ends with `scripts/stack down`, checking that no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "scripts" / "stack"
+
+pb_trace_svc = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+pb_metrics_svc = pytest.importorskip("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
+from opentelemetry.proto.common.v1 import common_pb2  # noqa: E402
+from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: E402
+from opentelemetry.proto.resource.v1 import resource_pb2  # noqa: E402
+from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: E402
+
+SERVICE_NAME = f"otel-train-stack-test-{os.getpid()}"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _stack(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(STACK), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read()
+
+
+def _get_json(url: str):
+    status, body = _get(url)
+    assert status == 200, url
+    return json.loads(body)
+
+
+def _post_protobuf(url: str, message) -> int:
+    req = urllib.request.Request(
+        url,
+        data=message.SerializeToString(),
+        method="POST",
+        headers={"Content-Type": "application/x-protobuf"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status
+
+
+def _wait_for(what: str, fn, timeout: float = 30.0, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            last = exc
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last result: {last!r}")
+
+
+def _resource(rank: int) -> resource_pb2.Resource:
+    def attr(key, value):
+        if isinstance(value, int):
+            return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(int_value=value))
+        return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+
+    return resource_pb2.Resource(
+        attributes=[
+            attr("service.name", SERVICE_NAME),
+            attr("service.namespace", "otel-train-tests"),
+            attr("service.instance.id", f"{SERVICE_NAME}-rank{rank}"),
+            attr("host.name", "stack-test-host"),
+            attr("otel_train.job", "stack-test-job"),
+            attr("otel_train.rank", rank),
+            attr("otel_train.local_rank", rank),
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def stack(stack_bins, tmp_path_factory):
+    """Env for scripts/stack with a private run dir and free ports; `up` before, `down` after."""
+    env = dict(os.environ)
+    env["OTEL_TRAIN_STACK_RUN"] = str(tmp_path_factory.mktemp("stack-run"))
+    names = [
+        "OTLP_GRPC",
+        "OTLP_HTTP",
+        "COLLECTOR_HEALTH",
+        "COLLECTOR_METRICS",
+        "JAEGER_OTLP_GRPC",
+        "JAEGER_OTLP_HTTP",
+        "JAEGER_UI",
+        "JAEGER_GRPC",
+        "JAEGER_HEALTH",
+        "JAEGER_METRICS",
+        "PROMETHEUS",
+    ]
+    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    for name, port in ports.items():
+        env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(port)
+    up = _stack(env, "up", "--timeout", "120")
+    state_path = Path(env["OTEL_TRAIN_STACK_RUN"]) / "state.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    pids = [svc["pid"] for svc in state.get("services", {}).values()]
+    info = {"env": env, "ports": ports, "state": state, "pids": pids, "up": up, "down_done": False}
+    try:
+        assert up.returncode == 0, f"stack up failed:\n{up.stdout}\n{up.stderr}"
+        yield info
+    finally:
+        if not info["down_done"]:
+            _stack(env, "down")
+
+
+def _base(stack, name):
+    return f"http://127.0.0.1:{stack['ports'][name]}"
+
+
+def test_up_starts_three_ready_processes(stack):
+    assert set(stack["state"]["services"]) == {"otelcol", "jaeger", "prometheus"}
+    status = _stack(stack["env"], "status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert all(s["alive"] and s["ready"] for s in report["services"].values()), report
+
+
+def test_second_up_is_a_no_op(stack):
+    again = _stack(stack["env"], "up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already running" in again.stdout
+    state = json.loads((Path(stack["env"]["OTEL_TRAIN_STACK_RUN"]) / "state.json").read_text())
+    assert [s["pid"] for s in state["services"].values()] == stack["pids"]
+
+
+def test_jaeger_and_prometheus_apis_answer(stack, versions):
+    status, _ = _get(f"{_base(stack, 'COLLECTOR_HEALTH')}/")
+    assert status == 200
+    services = _get_json(f"{_base(stack, 'JAEGER_UI')}/api/v3/services")
+    assert "services" in services or services == {}, services
+    build = _get_json(f"{_base(stack, 'PROMETHEUS')}/api/v1/status/buildinfo")
+    assert build["data"]["version"] == versions["PROMETHEUS_VERSION"]
+    status, _ = _get(f"{_base(stack, 'PROMETHEUS')}/-/ready")
+    assert status == 200
+
+
+def test_otlp_http_traces_reach_jaeger(stack):
+    trace_id = random.randbytes(16)
+    now = time.time_ns()
+    span = trace_pb2.Span(
+        trace_id=trace_id,
+        span_id=random.randbytes(8),
+        name="train.step",
+        kind=trace_pb2.Span.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=now - 50_000_000,
+        end_time_unix_nano=now,
+    )
+    request = pb_trace_svc.ExportTraceServiceRequest(
+        resource_spans=[
+            trace_pb2.ResourceSpans(
+                resource=_resource(0),
+                scope_spans=[
+                    trace_pb2.ScopeSpans(
+                        scope=common_pb2.InstrumentationScope(name="stack-test"), spans=[span]
+                    )
+                ],
+            )
+        ]
+    )
+    assert _post_protobuf(f"{_base(stack, 'OTLP_HTTP')}/v1/traces", request) == 200
+
+    api = f"{_base(stack, 'JAEGER_UI')}/api/v3"
+    _wait_for(
+        "the service in Jaeger",
+        lambda: SERVICE_NAME in _get_json(f"{api}/services").get("services", []),
+    )
+    body = _wait_for("the trace in Jaeger", lambda: _get_json(f"{api}/traces/{trace_id.hex()}"))
+    spans = [
+        s for rs in body["result"]["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
+    ]
+    assert [s["name"] for s in spans] == ["train.step"]
+
+
+def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
+    start = now - 10_000_000_000
+    cumulative = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+    phase = [common_pb2.KeyValue(key="phase", value=common_pb2.AnyValue(string_value="forward"))]
+    exemplar = metrics_pb2.Exemplar(
+        time_unix_nano=now,
+        as_double=0.12,
+        trace_id=bytes.fromhex("ab" * 16),
+        span_id=bytes.fromhex("cd" * 8),
+    )
+    metrics = [
+        metrics_pb2.Metric(
+            name="otel_train.phase.memory.utilization",
+            unit="1",
+            gauge=metrics_pb2.Gauge(
+                data_points=[
+                    metrics_pb2.NumberDataPoint(time_unix_nano=now, as_double=0.5, attributes=phase)
+                ]
+            ),
+        ),
+        metrics_pb2.Metric(
+            name="otel_train.steps",
+            unit="{step}",
+            sum=metrics_pb2.Sum(
+                aggregation_temporality=cumulative,
+                is_monotonic=True,
+                data_points=[
+                    metrics_pb2.NumberDataPoint(
+                        start_time_unix_nano=start, time_unix_nano=now, as_int=42
+                    )
+                ],
+            ),
+        ),
+        metrics_pb2.Metric(
+            name="otel_train.phase.duration",
+            unit="s",
+            histogram=metrics_pb2.Histogram(
+                aggregation_temporality=cumulative,
+                data_points=[
+                    metrics_pb2.HistogramDataPoint(
+                        start_time_unix_nano=start,
+                        time_unix_nano=now,
+                        count=3,
+                        sum=0.36,
+                        explicit_bounds=[0.1, 0.5, 1.0],
+                        bucket_counts=[0, 3, 0, 0],
+                        attributes=phase,
+                        exemplars=[exemplar],
+                    )
+                ],
+            ),
+        ),
+        metrics_pb2.Metric(
+            name="otel_train.throughput.samples",
+            unit="{sample}/s",
+            gauge=metrics_pb2.Gauge(
+                data_points=[metrics_pb2.NumberDataPoint(time_unix_nano=now, as_double=1234.5)]
+            ),
+        ),
+    ]
+    return pb_metrics_svc.ExportMetricsServiceRequest(
+        resource_metrics=[
+            metrics_pb2.ResourceMetrics(
+                resource=_resource(3),
+                scope_metrics=[
+                    metrics_pb2.ScopeMetrics(
+                        scope=common_pb2.InstrumentationScope(name="stack-test"), metrics=metrics
+                    )
+                ],
+            )
+        ]
+    )
+
+
+# OTLP name/unit/type -> Prometheus name under the default translation strategy
+# (UnderscoreEscapingWithSuffixes): unit "1" on a gauge adds `_ratio`, `{...}`
+# annotations vanish, `/s` becomes `_per_second`, monotonic sums get `_total`.
+EXPECTED_NAMES = {
+    "otel_train_phase_memory_utilization_ratio",
+    "otel_train_steps_total",
+    "otel_train_phase_duration_seconds_bucket",
+    "otel_train_phase_duration_seconds_sum",
+    "otel_train_phase_duration_seconds_count",
+    "otel_train_throughput_samples_per_second",
+}
+
+
+def test_otlp_metrics_reach_prometheus_with_promoted_labels(stack):
+    now = time.time_ns()
+    assert _post_protobuf(f"{_base(stack, 'OTLP_HTTP')}/v1/metrics", _metrics_request(now)) == 200
+
+    prom = _base(stack, "PROMETHEUS")
+
+    def names():
+        got = set(_get_json(f"{prom}/api/v1/label/__name__/values")["data"])
+        return got if got >= EXPECTED_NAMES else None
+
+    assert _wait_for("the metric names in Prometheus", names) >= EXPECTED_NAMES
+
+    query = urllib.parse.quote("otel_train_steps_total")
+    result = _get_json(f"{prom}/api/v1/query?query={query}")["data"]["result"]
+    assert len(result) == 1, result
+    labels = result[0]["metric"]
+    assert result[0]["value"][1] == "42"
+    assert labels["job"] == f"otel-train-tests/{SERVICE_NAME}"
+    assert labels["instance"] == f"{SERVICE_NAME}-rank3"
+    assert labels["service_name"] == SERVICE_NAME
+    assert labels["host_name"] == "stack-test-host"
+    assert labels["otel_train_job"] == "stack-test-job"
+    assert labels["otel_train_rank"] == "3"
+    assert labels["otel_train_local_rank"] == "3"
+    # OTLP-ingested series never carry the scrape marker (double-counting rule)
+    assert "otel_train_source" not in labels
+
+
+def test_exemplars_are_stored(stack):
+    prom = _base(stack, "PROMETHEUS")
+    query = urllib.parse.quote("otel_train_phase_duration_seconds_bucket")
+    start, end = time.time() - 600, time.time() + 60
+
+    def exemplars():
+        data = _get_json(f"{prom}/api/v1/query_exemplars?query={query}&start={start}&end={end}")[
+            "data"
+        ]
+        return [e for series in data for e in series["exemplars"]]
+
+    found = _wait_for("the exemplar", exemplars, timeout=20)
+    assert found[0]["labels"]["trace_id"] == "ab" * 16
+
+
+def test_down_leaves_no_process(stack):
+    pids = stack["pids"]
+    assert len(pids) == 3
+    down = _stack(stack["env"], "down")
+    stack["down_done"] = True
+    assert down.returncode == 0, down.stdout + down.stderr
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists():  # a zombie waiting for its reaper is not a running process
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            assert state in ("Z", "X"), f"pid {pid} still running (state {state})"
+    run = Path(stack["env"]["OTEL_TRAIN_STACK_RUN"])
+    assert not (run / "state.json").exists()
+    assert not list(run.glob("*.pid"))
+    for port in stack["ports"].values():
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still accepts connections"
+    status = _stack(stack["env"], "status")
+    assert status.returncode == 3, status.stdout
