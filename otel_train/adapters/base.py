@@ -106,6 +106,22 @@ def count_batch(batch: Any) -> tuple[int | None, int | None]:
     """
     import torch
 
+    # Fast paths for the usual shapes: (x, y, ...) of tensors and {"input_ids": ...}.
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        if batch and isinstance(batch[0], torch.Tensor):
+            head = batch[0]
+            return (int(head.shape[0]) if head.dim() else None), None
+    elif kind is dict:
+        ids = batch.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim():
+            mask = batch.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and not mask.is_cuda:
+                return int(ids.shape[0]), int(mask.sum())
+            return int(ids.shape[0]), int(ids.numel())
+    elif isinstance(batch, torch.Tensor):
+        return (int(batch.shape[0]) if batch.dim() else None), None
+
     def first_tensor(x: Any, depth: int = 0) -> Any:
         if isinstance(x, torch.Tensor):
             return x

@@ -61,8 +61,7 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
 
 def _exit_backward(rec: Recorder, err: BaseException | None) -> None:
     try:
-        if rec.open_phase_names()[-1:] == ["backward"]:
-            rec.exit(type(err) if err is not None else None, err)
+        rec.exit_if_top("backward", type(err) if err is not None else None, err)
     except Exception:
         _log.exception("otel-train: timing backward failed")
 

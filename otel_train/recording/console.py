@@ -55,8 +55,9 @@ class ConsoleReporter:
         self.every = every
         self._stream_name = stream
         self.device_total: int | None = None
-        self._window: dict[str, _PhaseTotals] = {}
-        self._run: dict[str, _PhaseTotals] = {}
+        # (depth, phase) -> totals; the window folds into the run table when it resets.
+        self._window: dict[tuple[int, str], _PhaseTotals] = {}
+        self._run: dict[tuple[int, str], _PhaseTotals] = {}
         self._win_steps = 0
         self._win_first = -1
         self._win_seconds = 0.0
@@ -93,16 +94,26 @@ class ConsoleReporter:
         if self.first_start is None:
             self.first_start = step.host_start
         self.last_end = step.host_end
-        for phase in step.phases:
-            key = phase.name if phase.depth == 0 else "  " * phase.depth + phase.name
-            for table in (self._window, self._run):
-                t = table.get(key)
-                if t is None:
-                    t = table[key] = _PhaseTotals(phase.depth)
-                t.seconds += phase.seconds
-                t.count += 1
-                if phase.memory is not None and (t.peak is None or phase.memory[0] > t.peak):
-                    t.peak = phase.memory[0]
+        window = self._window
+        depth: dict[int, int] | None = None
+        for row in step.rows:
+            seq, parent, name, memory, seconds = row[0], row[1], row[2], row[7], row[9]
+            if parent < 0:
+                d = 0
+            else:  # nested phases (rare): depth from the parent's
+                if depth is None:
+                    depth = {}
+                d = depth.get(parent, 0) + 1
+            if depth is not None:
+                depth[seq] = d
+            key = (d, name)
+            t = window.get(key)
+            if t is None:
+                t = window[key] = _PhaseTotals(d)
+            t.seconds += seconds
+            t.count += 1
+            if memory is not None and (t.peak is None or memory[0] > t.peak):
+                t.peak = memory[0]
         for name, value in step.scalars:
             self.last_scalars[name] = value
         if self.every and self._win_steps >= self.every:
@@ -134,7 +145,8 @@ class ConsoleReporter:
             head,
             f"{'phase':<24}{'time/step':>12}{'% step':>9}{'peak alloc':>13}{'% device':>10}",
         ]
-        for name, t in self._window.items():
+        for (depth, name), t in self._window.items():
+            name = "  " * depth + name
             per_step = t.seconds / n
             pct = 100.0 * t.seconds / self._win_seconds if self._win_seconds > 0 else 0.0
             lines.append(
@@ -144,7 +156,18 @@ class ConsoleReporter:
         print("\n".join(lines), file=out, flush=True)
         self._reset_window()
 
+    def _fold_window(self, into: dict[tuple[int, str], _PhaseTotals]) -> None:
+        for key, w in self._window.items():
+            t = into.get(key)
+            if t is None:
+                t = into[key] = _PhaseTotals(w.depth)
+            t.seconds += w.seconds
+            t.count += w.count
+            if w.peak is not None and (t.peak is None or w.peak > t.peak):
+                t.peak = w.peak
+
     def _reset_window(self) -> None:
+        self._fold_window(self._run)
         self._window = {}
         self._win_steps = 0
         self._win_seconds = 0.0
@@ -168,7 +191,13 @@ class ConsoleReporter:
         lines.append(
             f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}"
         )
-        for name, t in self._run.items():
+        run: dict[tuple[int, str], _PhaseTotals] = {}
+        for key, t in self._run.items():
+            run[key] = _PhaseTotals(t.depth)
+            run[key].seconds, run[key].count, run[key].peak = t.seconds, t.count, t.peak
+        self._fold_window(run)  # steps since the last table
+        for (depth, name), t in run.items():
+            name = "  " * depth + name
             lines.append(
                 f"{name:<24}{fmt_seconds(t.seconds):>12}{100.0 * t.seconds / wall:>8.1f}%"
                 f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t.peak):>10}"

@@ -150,7 +150,8 @@ class Recorder:
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
         self._tls = threading.local()
-        self._step: OpenStep | None = None
+        # The open step, read by adapters on every hook: a plain attribute, not a property.
+        self.current_step: OpenStep | None = None
         self._next_index = 0
         self._scopes: dict[str, PhaseScope] = {}
         self._failed_once = False
@@ -191,7 +192,7 @@ class Recorder:
         if not self.enabled:
             return None
         try:
-            current = self._step
+            current = self.current_step
             if current is not None:
                 if mode == EXPLICIT and current.mode == EXPLICIT:
                     return None  # nested explicit step: the outer one stands
@@ -216,14 +217,14 @@ class Recorder:
             step = OpenStep(self._next_index, t0, mode, ev0, device)
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
-            self._step = step
+            self.current_step = step
             return step
         except Exception:
             self._fail()
             return None
 
     def end_step(self, mode: int) -> None:
-        step = self._step
+        step = self.current_step
         if step is None or not self.enabled:
             return
         if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
@@ -234,7 +235,7 @@ class Recorder:
             self._fail()
 
     def add_counts(self, samples: int | None, tokens: int | None) -> None:
-        step = self._step
+        step = self.current_step
         if step is None:
             return
         if samples is not None:
@@ -244,9 +245,9 @@ class Recorder:
 
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
-        step = self._step
+        step = self.current_step
         if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
-            self._step = None
+            self.current_step = None
             if step.index == self._next_index - 1:
                 self._next_index -= 1  # keep step indices contiguous across epochs
             self.events.release(step.ev0)
@@ -254,15 +255,11 @@ class Recorder:
                 self.events.release(p[5])
                 self.events.release(p[6])
 
-    @property
-    def current_step(self) -> OpenStep | None:
-        return self._step
-
     def _close(self, step: OpenStep, t1: int) -> None:
         step.t1 = t1
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
-        self._step = None
+        self.current_step = None
         pending = self.pending
         if len(pending) >= self.max_pending:
             try:
@@ -300,7 +297,7 @@ class Recorder:
                 stack = tls.stack
             except AttributeError:
                 stack = tls.stack = []
-            step = self._step
+            step = self.current_step
             if step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t)
                 if step is None:
@@ -392,9 +389,8 @@ class Recorder:
     def exit_if_top(self, name: str, exc_type: Any = None, exc: Any = None) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
         try:
-            stack = self._stack()
-        except Exception:  # adapters call this outside the recorder's guards
-            self._fail()
+            stack = self._tls.stack
+        except AttributeError:
             return False
         if stack and stack[-1][0] == name:
             self.exit(exc_type, exc)
@@ -414,7 +410,7 @@ class Recorder:
         if not self.enabled:
             return
         try:
-            step = self._step
+            step = self.current_step
             for key, value in values.items():
                 name = _clean_name(key)
                 item = _scalar_value(value, self.events)

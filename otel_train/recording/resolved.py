@@ -1,4 +1,8 @@
-"""Steps after their CUDA events resolved: plain numbers, ready for metrics, tables and spans."""
+"""Steps after their CUDA events resolved: plain numbers, ready for metrics, tables and spans.
+
+Every derived figure is computed once here; the worker reads them many times.
+Times are ``perf_counter_ns`` values; durations are seconds.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +13,9 @@ HOST_PHASES = frozenset({"data"})
 
 
 class ResolvedPhase:
-    __slots__ = (
-        "depth",
-        "dev_end",
-        "dev_start",
-        "error",
-        "host_end",
-        "host_start",
-        "memory",
-        "name",
-        "parent",
-        "seq",
-    )
+    __slots__ = ("depth", "dev_end", "dev_start", "device_seconds", "end", "error",
+                 "host_end", "host_seconds", "host_start", "memory", "name", "parent",
+                 "seconds", "seq", "start")  # fmt: skip
 
     def __init__(
         self,
@@ -44,78 +39,80 @@ class ResolvedPhase:
         self.memory = memory
         self.error = error
         self.depth = 0
-
-    @property
-    def host_seconds(self) -> float:
-        return max(0, self.host_end - self.host_start) / 1e9
-
-    @property
-    def device_seconds(self) -> float | None:
-        if self.dev_start is None or self.dev_end is None:
-            return None
-        return max(0, self.dev_end - self.dev_start) / 1e9
-
-    @property
-    def seconds(self) -> float:
-        """The best duration: device when measured, host otherwise."""
-        dev = self.device_seconds
-        return self.host_seconds if dev is None else dev
-
-    @property
-    def start(self) -> int:
-        return self.host_start if self.dev_start is None else self.dev_start
-
-    @property
-    def end(self) -> int:
-        return self.host_end if self.dev_end is None else max(self.dev_end, self.dev_start or 0)
+        self.host_seconds = max(0, host_end - host_start) / 1e9
+        if dev_start is None or dev_end is None:
+            self.device_seconds: float | None = None
+            self.seconds = self.host_seconds  # the best duration: device when measured
+            self.start, self.end = host_start, host_end
+        else:
+            self.device_seconds = max(0, dev_end - dev_start) / 1e9
+            self.seconds = self.device_seconds
+            self.start, self.end = dev_start, max(dev_end, dev_start)
 
 
 class ResolvedStep:
     __slots__ = (
+        "_phases",
         "dev_end",
         "dev_start",
+        "device_seconds",
+        "end",
         "error",
         "host_end",
+        "host_seconds",
         "host_start",
         "index",
-        "phases",
+        "rows",
         "sampled_because",
         "samples",
         "scalars",
+        "start",
         "tokens",
-    )
+    )  # fmt: skip
 
     def __init__(self, index: int, host_start: int, host_end: int) -> None:
         self.index = index
         self.host_start = host_start
         self.host_end = host_end
+        self.host_seconds = max(0, host_end - host_start) / 1e9
         self.dev_start: int | None = None
         self.dev_end: int | None = None
+        self.device_seconds: float | None = None
+        self.start = host_start  # span extent: host and device times together
+        self.end = host_end
         self.samples: int | None = None
         self.tokens: int | None = None
-        self.phases: list[ResolvedPhase] = []
+        # One tuple per phase, in entry order (the worker's hot loop reads these):
+        # (seq, parent, name, host_start, host_end, dev_start, dev_end, memory, error, seconds)
+        self.rows: list[tuple[Any, ...]] = []
+        self._phases: list[ResolvedPhase] | None = None
         self.scalars: list[tuple[str, float]] = []
         self.error = False
         self.sampled_because = ""
 
     @property
-    def host_seconds(self) -> float:
-        return max(0, self.host_end - self.host_start) / 1e9
+    def phases(self) -> list[ResolvedPhase]:
+        """Phase objects with depth, built on first use (only sampled steps need them)."""
+        if self._phases is None:
+            depth: dict[int, int] = {}
+            out = []
+            for seq, parent, name, t0, t1, d0, d1, memory, error, _ in self.rows:
+                p = ResolvedPhase(seq, parent, name, t0, t1, d0, d1, memory, error)
+                p.depth = depth[seq] = depth.get(parent, -1) + 1 if parent >= 0 else 0
+                out.append(p)
+            self._phases = out
+        return self._phases
 
-    @property
-    def device_seconds(self) -> float | None:
-        if self.dev_start is None or self.dev_end is None:
-            return None
-        return max(0, self.dev_end - self.dev_start) / 1e9
-
-    @property
-    def start(self) -> int:
-        starts = [self.host_start] + [p.start for p in self.phases]
-        return min(starts)
-
-    @property
-    def end(self) -> int:
-        ends = [self.host_end] + [p.end for p in self.phases]
-        if self.dev_end is not None:
-            ends.append(self.dev_end)
-        return max(ends)
+    def finish(self) -> None:
+        """Derive the span extent and device time once rows and device times are set."""
+        start, end = self.host_start, self.host_end
+        for row in self.rows:
+            p_start, p_end = (row[3], row[4]) if row[5] is None else (row[5], max(row[6], row[5]))
+            if p_start < start:
+                start = p_start
+            if p_end > end:
+                end = p_end
+        if self.dev_start is not None and self.dev_end is not None:
+            self.device_seconds = max(0, self.dev_end - self.dev_start) / 1e9
+            end = max(end, self.dev_end)
+        self.start, self.end = start, end

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -22,11 +23,12 @@ from .console import ConsoleReporter
 from .device import DeviceClock
 from .instruments import Publisher
 from .recorder import OpenStep, Recorder
-from .resolved import ResolvedPhase, ResolvedStep
+from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
+_BY_SEQ = operator.itemgetter(0)
 
 A_PHASE, A_CLOCK, A_KIND, A_NAME, A_REASON = (
     c.A_PHASE, c.A_CLOCK, c.A_KIND, c.A_NAME, c.A_REASON,
@@ -58,7 +60,9 @@ class Worker:
         self._throughput: collections.deque[tuple[int, int, int]] = collections.deque(
             maxlen=throughput_window
         )
-        self._phase_hist: dict[tuple[str, str], HistogramState] = {}
+        self._tp_samples = 0
+        self._tp_tokens = 0
+        self._phase_hist: dict[tuple[str, bool], HistogramState] = {}  # (phase, device?)
         self._step_hist = aggregator.histogram(c.STEP_DURATION.name, ())
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one process() at a time (worker vs. shutdown drain)
@@ -144,7 +148,8 @@ class Worker:
     def _resolve(self, step: OpenStep) -> ResolvedStep:
         rs = ResolvedStep(step.index, step.t0, step.t1)
         rs.samples, rs.tokens = step.samples, step.tokens
-        phases = sorted(step.phases)
+        phases = step.phases
+        phases.sort(key=_BY_SEQ)
         timed: list[tuple[Any, int]] = []
         if step.ev0 is not None:
             timed.append((step.ev0, step.t0))
@@ -156,18 +161,20 @@ class Worker:
             placed = self.clock.place(timed)
             rs.dev_start, rs.dev_end = placed[0], placed[1]
             it = iter(placed[2:])
-        depth: dict[int, int] = {}
+        rows = rs.rows
         for seq, parent, name, t0, t1, ev0, _ev1, memory, error in phases:
-            d0 = d1 = None
-            if ev0 is not None:
+            if ev0 is None:
+                rows.append((seq, parent, name, t0, t1, None, None, memory, error,
+                             (t1 - t0) / 1e9 if t1 > t0 else 0.0))  # fmt: skip
+            else:
                 d0, d1 = next(it), next(it)
-            rp = ResolvedPhase(seq, parent, name, t0, t1, d0, d1, memory, error)
-            rp.depth = depth[seq] = depth.get(parent, -1) + 1 if parent >= 0 else 0
-            rs.phases.append(rp)
+                rows.append((seq, parent, name, t0, t1, d0, d1, memory, error,
+                             (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
             if error is not None:
                 rs.error = True
         if step.scalars:
             rs.scalars = [(n, v) for n, raw in step.scalars if (v := _scalar(raw)) is not None]
+        rs.finish()
         events = self.recorder.events
         for ev, _ in timed:
             if not self.clock.is_anchor(ev):
@@ -201,6 +208,8 @@ class Worker:
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] = []
+        phase_hist = self._phase_hist
+        h_attrs = _phase_attrs
         with agg.lock:
             agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
             if rec.dropped_steps:
@@ -233,40 +242,28 @@ class Worker:
                     agg.add(c.SAMPLES.name, (), step.samples)
                 if step.tokens is not None:
                     agg.add(c.TOKENS.name, (), step.tokens)
-                for p in step.phases:
-                    clock = "host" if p.dev_start is None else "device"
-                    key = (p.name, clock)
-                    h = self._phase_hist.get(key)
+                for row in step.rows:
+                    name, seconds, memory = row[2], row[9], row[7]
+                    key = (name, row[5] is not None)
+                    h = phase_hist.get(key)
                     if h is None:
-                        h = self._phase_hist[key] = agg.histogram(
-                            c.PHASE_DURATION.name, ((A_CLOCK, clock), (A_PHASE, p.name))
+                        h = phase_hist[key] = agg.histogram(
+                            c.PHASE_DURATION.name, _phase_attrs(name, row[5] is not None)
                         )
-                    seconds = p.seconds
                     h.observe(seconds)
                     if api:
-                        records.append(
-                            (c.PHASE_DURATION.name, ((A_CLOCK, clock), (A_PHASE, p.name)), seconds)
-                        )
-                    if p.memory is not None:
-                        agg.set(
-                            c.PHASE_MEMORY_PEAK.name,
-                            ((A_KIND, "allocated"), (A_PHASE, p.name)),
-                            p.memory[0],
-                        )
-                        agg.set(
-                            c.PHASE_MEMORY_PEAK.name,
-                            ((A_KIND, "reserved"), (A_PHASE, p.name)),
-                            p.memory[1],
-                        )
+                        records.append((c.PHASE_DURATION.name, h_attrs(name, key[1]), seconds))
+                    if memory is not None:
+                        agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), memory[0])
+                        agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), memory[1])
                         if total_bytes:
                             agg.set(
                                 c.PHASE_MEMORY_UTILIZATION.name,
-                                ((A_PHASE, p.name),),
-                                p.memory[1] / total_bytes,
+                                ((A_PHASE, name),),
+                                memory[1] / total_bytes,
                             )
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                self._throughput.append((step.host_end, step.samples or 0, step.tokens or 0))
                 self._update_throughput(step)
                 self.steps_processed += 1
         if api:
@@ -275,14 +272,26 @@ class Worker:
                 self.publisher.record(name, attrs, value)
 
     def _update_throughput(self, step: ResolvedStep) -> None:
+        """Samples and tokens per second over the last ``throughput_window`` steps.
+
+        Rate over the window = what the steps after the oldest one processed, divided by
+        the time from the oldest step's end to the newest step's end (running sums).
+        """
         window = self._throughput
+        samples, tokens = step.samples or 0, step.tokens or 0
+        if len(window) == window.maxlen:
+            _, old_samples, old_tokens = window[0]
+            self._tp_samples -= old_samples
+            self._tp_tokens -= old_tokens
+        window.append((step.host_end, samples, tokens))
+        self._tp_samples += samples
+        self._tp_tokens += tokens
         if len(window) >= 2:
             span_s = (window[-1][0] - window[0][0]) / 1e9
-            samples = sum(w[1] for w in list(window)[1:])
-            tokens = sum(w[2] for w in list(window)[1:])
+            samples = self._tp_samples - window[0][1]
+            tokens = self._tp_tokens - window[0][2]
         else:
             span_s = step.host_seconds
-            samples, tokens = step.samples or 0, step.tokens or 0
         if span_s <= 0:
             return
         if step.samples is not None:
@@ -311,15 +320,22 @@ class Worker:
                 self._step_hist.attach_exemplar(
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
-                for p in step.phases:
-                    clock = "host" if p.dev_start is None else "device"
-                    h = self._phase_hist.get((p.name, clock))
+                for row in step.rows:
+                    h = self._phase_hist.get((row[2], row[5] is not None))
                     if h is not None:
-                        h.attach_exemplar(Exemplar(p.seconds, when, trace_id, span_id))
+                        h.attach_exemplar(Exemplar(row[9], when, trace_id, span_id))
         # Spans are emitted after the batch's metrics were updated: publish the count now,
         # or the last batch (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
+
+
+def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:
+    return ((A_CLOCK, "device" if device else "host"), (A_PHASE, name))
+
+
+def _mem_attrs(name: str, kind: str) -> tuple[tuple[str, str], ...]:
+    return ((A_KIND, kind), (A_PHASE, name))
 
 
 def _completed(step: OpenStep) -> bool:

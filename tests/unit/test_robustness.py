@@ -24,7 +24,7 @@ def _broken(*args: object) -> list:
 
 # Recorder internals every entry point goes through: the clock of the hot path, and the
 # per-thread phase stack behind the adapters' inferred boundaries.
-BREAKABLE = [(recorder_module, "perf_counter_ns"), (Recorder, "_stack")]
+BREAKABLE = [(recorder_module, "perf_counter_ns"), (Recorder, "_close")]
 
 
 def _internal_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -59,7 +59,7 @@ def test_internal_error_in_explicit_phases_is_logged_once_and_disables_recording
     assert len(step_spans(tel.spans())) == 1  # the good step before the failure
 
 
-@pytest.mark.parametrize(("owner", "attr"), BREAKABLE, ids=["clock", "stack"])
+@pytest.mark.parametrize(("owner", "attr"), BREAKABLE, ids=["clock", "close"])
 def test_internal_error_in_the_plain_loop_never_reaches_training(
     owner: object, attr: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
