@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder
-from .base import Instrumentation, count_batch, guarded
+from .base import Instrumentation, count_batch
 
 _ACTIVE: list[Any] = []  # adapters (any object with a ``rec``) timing backward
 _ORIGINAL_BACKWARD: Callable[..., Any] | None = None
@@ -55,13 +55,16 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     except BaseException as err:
         _exit_backward(rec, err)
         raise
-    _exit_backward(rec, None)
+    try:
+        rec.exit_if_top("backward")
+    except Exception:
+        _log.exception("otel-train: timing backward failed")
     return result
 
 
-def _exit_backward(rec: Recorder, err: BaseException | None) -> None:
+def _exit_backward(rec: Recorder, err: BaseException) -> None:
     try:
-        rec.exit_if_top("backward", type(err) if err is not None else None, err)
+        rec.exit_if_top("backward", type(err), err)
     except Exception:
         _log.exception("otel-train: timing backward failed")
 
@@ -134,8 +137,23 @@ class _TimedIterator:
         except BaseException as err:
             _exit_data(rec, err, discard=False)
             raise
-        _exit_data(rec, None, discard=False)
-        adapter.count(batch)
+        try:
+            rec.exit(None, None, "data")
+            step = rec.current_step
+            if step is not None and step.mode == ADAPTER:
+                if (
+                    adapter.counter is count_batch
+                    and type(batch) in _SEQUENCES
+                    and batch
+                    and type(batch[0]) is _TENSOR
+                ):
+                    head = batch[0]  # the common (x, y, ...) batch, counted inline
+                    if head.dim():
+                        step.samples = (step.samples or 0) + int(head.shape[0])
+                else:
+                    adapter.count(batch)
+        except Exception:
+            _log.exception("otel-train: timing a data fetch failed")
         return batch
 
     def __len__(self) -> int:
@@ -155,6 +173,8 @@ def _exit_data(rec: Recorder, err: BaseException | None, discard: bool) -> None:
 
 
 _LOADER_CLASSES: dict[type, type] = {}
+_SEQUENCES = (tuple, list)
+_TENSOR = torch.Tensor
 
 
 def _timed_loader_class(cls: type) -> type:
@@ -202,44 +222,63 @@ class TorchLoopAdapter:
             return
 
     # hooks ------------------------------------------------------------------------------
+    # Each hook guards itself (a try costs nothing until it catches): an error inside
+    # telemetry is logged once and switches this adapter off; training goes on.
+
+    def _failed(self) -> None:
+        if self.active:
+            self.active = False
+            _log.exception("otel-train: a torch-loop hook failed; the adapter is now off")
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not self.active or not module.training or not torch.is_grad_enabled():
             return
-        rec = self.rec
-        if rec.current_step is None:
-            rec.begin_step(ADAPTER)
-            if not self.has_loader:
+        try:
+            rec = self.rec
+            if rec.current_step is None:
+                rec.begin_step(ADAPTER)
+                if not self.has_loader:
+                    self.count(args)
+            elif not self.has_loader:
                 self.count(args)
-        elif not self.has_loader:
-            self.count(args)
-        rec.exit_if_top("forward")
-        rec.enter("forward")
+            rec.exit_if_top("forward")
+            rec.enter("forward")
+        except Exception:
+            self._failed()
 
     def forward_error_hook(self, module: torch.nn.Module, args: Any, result: Any) -> None:
         """Registered with always_call=True: on an exception torch calls it from its except
         block with no result, so the forward phase ends with the error (an OOM included)."""
         if result is not None or not self.active:
             return
-        exc_type, exc, _ = sys.exc_info()
-        if exc_type is not None:
-            self.rec.exit_if_top("forward", exc_type, exc)
+        try:
+            exc_type, exc, _ = sys.exc_info()
+            if exc_type is not None:
+                self.rec.exit_if_top("forward", exc_type, exc)
+        except Exception:
+            self._failed()
 
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
-        rec = self.rec
-        if rec.current_step is None:
-            return
-        rec.exit_if_top("forward")
-        rec.enter("optimizer")
+        try:
+            rec = self.rec
+            if rec.current_step is None:
+                return
+            rec.exit_if_top("forward")
+            rec.enter("optimizer")
+        except Exception:
+            self._failed()
 
     def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
-        rec = self.rec
-        rec.exit_if_top("optimizer")
-        rec.end_step(ADAPTER)
+        try:
+            rec = self.rec
+            rec.exit_if_top("optimizer")
+            rec.end_step(ADAPTER)
+        except Exception:
+            self._failed()
 
 
 def attach(
@@ -250,15 +289,13 @@ def attach(
     counter: Callable[[Any], tuple[int | None, int | None]] | None,
 ) -> None:
     adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
-    handle = model.register_forward_pre_hook(guarded(inst, adapter.forward_pre_hook))
+    handle = model.register_forward_pre_hook(adapter.forward_pre_hook)
     inst.on_undo(handle.remove)
-    error_handle = model.register_forward_hook(
-        guarded(inst, adapter.forward_error_hook), always_call=True
-    )
+    error_handle = model.register_forward_hook(adapter.forward_error_hook, always_call=True)
     inst.on_undo(error_handle.remove)
     if optimizer is not None:
-        pre = optimizer.register_step_pre_hook(guarded(inst, adapter.optimizer_pre_hook))
-        post = optimizer.register_step_post_hook(guarded(inst, adapter.optimizer_post_hook))
+        pre = optimizer.register_step_pre_hook(adapter.optimizer_pre_hook)
+        post = optimizer.register_step_post_hook(adapter.optimizer_post_hook)
         inst.on_undo(post.remove)
         inst.on_undo(pre.remove)
     if dataloader is not None:
