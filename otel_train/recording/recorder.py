@@ -308,11 +308,7 @@ class Recorder:
                 mem = self.memory
                 if mem is not None:
                     pa, pr, r0, o0 = mem.sample()
-                    for e in stack:
-                        if pa > e[6]:
-                            e[6] = pa
-                        if pr > e[7]:
-                            e[7] = pr
+                    _fold_peaks(stack, pa, pr)
             else:
                 ev = None
                 r0 = o0 = 0
@@ -366,11 +362,7 @@ class Recorder:
             mem = self.memory
             if mem is not None:
                 pa, pr, r, o = mem.sample()
-                for e in stack:
-                    if pa > e[6]:
-                        e[6] = pa
-                    if pr > e[7]:
-                        e[7] = pr
+                _fold_peaks(stack, pa, pr)
                 memory = (entry[6], entry[7], r - entry[8], o - entry[9])
             stack.pop()
             error = describe_exception(exc_type, exc) if exc_type is not None else None
@@ -433,6 +425,15 @@ class Recorder:
         if not self._failed_once:
             self._failed_once = True
             _log.exception("otel-train: internal error while recording; recording disabled")
+
+
+def _fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+    """Hand the allocator's peak since the last boundary to every phase open now."""
+    for e in stack:
+        if peak_allocated > e[6]:
+            e[6] = peak_allocated
+        if peak_reserved > e[7]:
+            e[7] = peak_reserved
 
 
 def _clean_name(name: Any) -> str:

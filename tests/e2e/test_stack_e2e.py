@@ -11,6 +11,8 @@ run. Stopping the stack leaves no process behind.
 from __future__ import annotations
 
 import datetime as dt
+import importlib.machinery
+import importlib.util
 import json
 import os
 import socket
@@ -32,19 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 STACK = [sys.executable, str(ROOT / "scripts" / "stack")]
 pytestmark = pytest.mark.stack
 
-PORT_NAMES = [
-    "OTLP_GRPC",
-    "OTLP_HTTP",
-    "COLLECTOR_HEALTH",
-    "COLLECTOR_METRICS",
-    "JAEGER_OTLP_GRPC",
-    "JAEGER_OTLP_HTTP",
-    "JAEGER_UI",
-    "JAEGER_GRPC",
-    "JAEGER_HEALTH",
-    "JAEGER_METRICS",
-    "PROMETHEUS",
-]
+
+def _stack_ports() -> list[str]:
+    """The port names scripts/stack knows (it has no .py suffix: load it by path)."""
+    loader = importlib.machinery.SourceFileLoader("otel_train_stack_e2e", STACK[1])
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return list(module.PORTS)
+
+
+PORT_NAMES = _stack_ports()
 
 PLAIN = textwrap.dedent("""
     import os, sys, time, torch, otel_train
