@@ -146,7 +146,6 @@ class Recorder:
         self.events = EventPool()
         self.memory: CudaMemoryTracker | None = None
         self._cuda = False
-        self._cuda_checked_at = -1
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
         self._tls = threading.local()
@@ -250,10 +249,7 @@ class Recorder:
             self.current_step = None
             if step.index == self._next_index - 1:
                 self._next_index -= 1  # keep step indices contiguous across epochs
-            self.events.release(step.ev0)
-            for p in step.phases:
-                self.events.release(p[5])
-                self.events.release(p[6])
+            self._release_step(step)
 
     def _close(self, step: OpenStep, t1: int) -> None:
         step.t1 = t1
