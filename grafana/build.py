@@ -172,6 +172,18 @@ def memory_targets(phases: str = "") -> list[dict[str, Any]]:
     return [target(peak, "{{phase}}", "A"), target(limit, "limit", "B")]
 
 
+def scalar_panel(name: str, title: str, grid: tuple[int, int, int, int]) -> dict[str, Any]:
+    """A user scalar recorded with otel_train.record(name=...), one line per rank."""
+    expr = f'{n(c.SCALAR)}{{{F}, name="{name}"}}'
+    return panel(
+        title,
+        [target(expr, "rank {{otel_train_rank}}", "A")],
+        "short",
+        grid,
+        description=f"Recorded with otel_train.record({name}=...).",
+    )
+
+
 def overview() -> dict[str, Any]:
     panels = [
         panel(
@@ -228,15 +240,7 @@ def overview() -> dict[str, Any]:
             (0, 16, 12, 8),
             description="Spread across ranks: a rank above the others is a straggler.",
         ),
-        panel(
-            "Loss",
-            [
-                target(f'{n(c.SCALAR)}{{{F}, name="loss"}}', "rank {{otel_train_rank}}", "A"),
-            ],
-            "short",
-            (12, 16, 12, 8),
-            description="Recorded with otel_train.record(loss=...).",
-        ),
+        scalar_panel("loss", "Loss", (12, 16, 12, 8)),
         panel(
             "otel-train health",
             [
@@ -301,13 +305,7 @@ def rl_loop() -> dict[str, Any]:
             description="Exemplar dots open the slow iteration's trace.",
         ),
         panel("Peak memory per phase", memory_targets(RL), "bytes", (12, 8, 12, 8)),
-        panel(
-            "Reward",
-            [target(f'{n(c.SCALAR)}{{{F}, name="reward"}}', "rank {{otel_train_rank}}", "A")],
-            "short",
-            (0, 16, 12, 8),
-            description="Recorded with otel_train.record(reward=...).",
-        ),
+        scalar_panel("reward", "Reward", (0, 16, 12, 8)),
         panel(
             "Iterations per second",
             [
