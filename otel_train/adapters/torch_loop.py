@@ -42,8 +42,7 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         for adapter in _ACTIVE:
             if adapter.rec.enabled and adapter.rec.current_step is not None:
                 rec = adapter.rec
-                rec.exit_if_top("forward")
-                rec.enter("backward")
+                rec.transition("forward", "backward")
                 break
     except Exception:  # telemetry never raises into training
         _log.exception("otel-train: timing backward failed")
@@ -56,7 +55,7 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         _exit_backward(rec, err)
         raise
     try:
-        rec.exit_if_top("backward")
+        rec.transition("backward", None)
     except Exception:
         _log.exception("otel-train: timing backward failed")
     return result
@@ -123,9 +122,7 @@ class _TimedIterator:
             return next(self._it)
         rec = adapter.rec
         try:  # telemetry never raises into training
-            if rec.current_step is None:
-                rec.begin_step(ADAPTER)
-            rec.enter("data")
+            rec.transition(None, "data", begin=ADAPTER)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
             return next(self._it)
@@ -138,7 +135,7 @@ class _TimedIterator:
             _exit_data(rec, err, discard=False)
             raise
         try:
-            rec.exit(None, None, "data")
+            rec.transition("data", None)
             step = rec.current_step
             if step is not None and step.mode == ADAPTER:
                 if (
@@ -235,14 +232,9 @@ class TorchLoopAdapter:
             return
         try:
             rec = self.rec
-            if rec.current_step is None:
-                rec.begin_step(ADAPTER)
-                if not self.has_loader:
-                    self.count(args)
-            elif not self.has_loader:
+            rec.transition("forward", "forward", begin=ADAPTER)
+            if not self.has_loader:
                 self.count(args)
-            rec.exit_if_top("forward")
-            rec.enter("forward")
         except Exception:
             self._failed()
 
@@ -265,8 +257,7 @@ class TorchLoopAdapter:
             rec = self.rec
             if rec.current_step is None:
                 return
-            rec.exit_if_top("forward")
-            rec.enter("optimizer")
+            rec.transition("forward", "optimizer")
         except Exception:
             self._failed()
 
@@ -274,9 +265,7 @@ class TorchLoopAdapter:
         if not self.active:
             return
         try:
-            rec = self.rec
-            rec.exit_if_top("optimizer")
-            rec.end_step(ADAPTER)
+            self.rec.transition("optimizer", None, end=ADAPTER)
         except Exception:
             self._failed()
 

@@ -374,6 +374,59 @@ class Recorder:
         except Exception:
             self._fail()
 
+    def transition(
+        self, close: str | None, open_: str | None, begin: int = 0, end: int = 0
+    ) -> None:
+        """An adapter hook's whole work in one call, at one timestamp: exit ``close`` if it
+        is the innermost open phase; end the step if ``end`` (a mode) may end it; open a
+        step of mode ``begin`` if none is open; enter ``open_``.
+
+        Hooks run on every step, and each Python call costs about a microsecond there
+        (cold caches after the step's kernels), so the CPU-only path is inlined here;
+        CUDA steps take the general ``exit``/``enter`` path (events and memory).
+        """
+        if not self.enabled:
+            return
+        try:
+            t = perf_counter_ns()
+            try:
+                stack = self._tls.stack
+            except AttributeError:
+                stack = self._tls.stack = []
+            if close is not None and stack and stack[-1][0] == close:
+                if self._cuda:
+                    self.exit()
+                else:
+                    entry = stack.pop()
+                    owner = entry[5]
+                    if owner.closed:
+                        self.dropped_phases += 1
+                    else:
+                        owner.phases.append(
+                            (entry[1], entry[2], close, entry[3], t, None, None, None, None)
+                        )
+            step = self.current_step
+            if (
+                end
+                and step is not None
+                and (step.mode == end or (end == ADAPTER and step.mode == CYCLE))
+            ):
+                self._close(step, t)
+                step = None
+            if open_ is None:
+                return
+            if step is None and begin:
+                step = self.begin_step(begin)
+            if step is None or self._cuda or (step.top is not None and not stack):
+                self.enter(open_)  # the general path: events, memory, cycle steps
+                return
+            seq = step.seq
+            step.seq = seq + 1
+            parent = stack[-1][1] if stack and stack[-1][5] is step else -1
+            stack.append([open_, seq, parent, t, None, step, 0, 0, 0, 0])
+        except Exception:
+            self._fail()
+
     def exit_if_top(self, name: str, exc_type: Any = None, exc: Any = None) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
         try:
