@@ -197,6 +197,18 @@ PHASE_SPAN = SpanSpec(
 )
 SPANS = (STEP_SPAN, PHASE_SPAN)
 
+# Phase names the adapters emit (user phases and method maps add their own names).
+ADAPTER_PHASES = {
+    "data": "Waiting for the next batch (host clock): DataLoader next(), HF get_batch_samples, "
+    "the gap between Lightning batches, torchtitan next_batch.",
+    "forward": "From the model's forward pre-hook until backward starts (the loss included).",
+    "backward": "torch.autograd.backward (what loss.backward() calls).",
+    "optimizer": "The optimizer step, from its pre-hook to its post-hook.",
+    "microstep": "One gradient-accumulation micro-batch (forward and backward inside); HF and "
+    "Lightning adapters, only when accumulating.",
+    "forward_backward": "torchtitan-style forward_backward_step (backward nested inside).",
+}
+
 # --- metric attribute keys ---------------------------------------------------
 
 A_PHASE = "phase"
@@ -399,7 +411,10 @@ def render_markdown() -> str:
         for a in span.attributes:
             out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
         out.append("")
-    out += [f"### Event `{OOM_EVENT}`", "", "| attribute | type | unit | description |"]
+    out += ["### Phase names from the adapters", "", "| phase | what it covers |", "|---|---|"]
+    for name, what in ADAPTER_PHASES.items():
+        out.append(f"| `{name}` | {what} |")
+    out += ["", f"### Event `{OOM_EVENT}`", "", "| attribute | type | unit | description |"]
     out.append("|---|---|---|---|")
     for a in OOM_EVENT_ATTRIBUTES:
         out.append(f"| `{a.key}` | {a.type} | `{a.unit}` | {a.description} |")
