@@ -19,6 +19,8 @@ from typing import TextIO
 
 from .resolved import ResolvedStep
 
+MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
+
 
 def fmt_seconds(s: float) -> str:
     if s >= 100:
@@ -109,7 +111,11 @@ class ConsoleReporter:
             key = (d, name)
             t = window.get(key)
             if t is None:
-                t = window[key] = _PhaseTotals(d)
+                if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
+                    key = (0, "_other")
+                    t = window.get(key)
+                if t is None:
+                    t = window[key] = _PhaseTotals(key[0])
             t.seconds += seconds
             t.count += 1
             if memory is not None and (t.peak is None or memory[0] > t.peak):

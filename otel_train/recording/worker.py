@@ -29,6 +29,9 @@ from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
 _BY_SEQ = operator.itemgetter(0)
+# Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
+MAX_PHASE_SERIES = 256
+OTHER_PHASE = "_other"
 
 A_PHASE, A_CLOCK, A_KIND, A_NAME, A_REASON = (
     c.A_PHASE, c.A_CLOCK, c.A_KIND, c.A_NAME, c.A_REASON,
@@ -247,9 +250,15 @@ class Worker:
                     key = (name, row[5] is not None)
                     h = phase_hist.get(key)
                     if h is None:
-                        h = phase_hist[key] = agg.histogram(
-                            c.PHASE_DURATION.name, _phase_attrs(name, row[5] is not None)
-                        )
+                        if len(phase_hist) >= MAX_PHASE_SERIES:
+                            # Bounded series: further phase names share one "_other" series.
+                            name = OTHER_PHASE
+                            key = (name, key[1])
+                            h = phase_hist.get(key)
+                        if h is None:
+                            h = phase_hist[key] = agg.histogram(
+                                c.PHASE_DURATION.name, _phase_attrs(name, key[1])
+                            )
                     h.observe(seconds)
                     if api:
                         records.append((c.PHASE_DURATION.name, h_attrs(name, key[1]), seconds))

@@ -195,3 +195,20 @@ def test_dataloader_with_forked_workers_neither_hangs_nor_exports_from_children(
         ]
         assert s.attributes[c.STEP_SAMPLES.key] == 8
     assert {p.attributes.get("name") for p in tel.points(c.SCALAR.name)} <= {None}
+
+
+def test_phase_names_beyond_the_cap_share_one_series() -> None:
+    from otel_train.recording import worker as worker_module
+
+    tel = InMemoryTelemetry()
+    otel_train.configure(console="off", **providers(tel))
+    n = worker_module.MAX_PHASE_SERIES + 50
+    for i in range(n):
+        with otel_train.step(), otel_train.phase(f"phase-{i}"):
+            pass
+    otel_train.shutdown()
+    points = tel.points(c.PHASE_DURATION.name)
+    names = {p.attributes[c.A_PHASE] for p in points}
+    assert len(names) == worker_module.MAX_PHASE_SERIES + 1
+    other = [p for p in points if p.attributes[c.A_PHASE] == worker_module.OTHER_PHASE]
+    assert sum(p.count for p in other) == n - worker_module.MAX_PHASE_SERIES
