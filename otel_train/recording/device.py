@@ -92,11 +92,6 @@ class DeviceClock:
         return ev is self._anchor
 
 
-def query_all(events: list[Any]) -> bool:
-    """True when every event has completed (non-blocking ``cudaEventQuery``)."""
-    return all(ev.query() for ev in events)
-
-
 def now_offset_ns() -> int:
     """Add to ``perf_counter_ns()`` to get Unix-epoch ns."""
     return time.time_ns() - time.perf_counter_ns()

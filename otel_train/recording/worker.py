@@ -72,7 +72,6 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._cpu_ns = 0
         self._cpu_steps = 0
-        self._overhead_ewma: float | None = None
         self._device_total_set = False
         self.steps_processed = 0
         self.failed = False
@@ -212,7 +211,6 @@ class Worker:
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] = []
         phase_hist = self._phase_hist
-        h_attrs = _phase_attrs
         with agg.lock:
             agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
             if rec.dropped_steps:
@@ -261,7 +259,7 @@ class Worker:
                             )
                     h.observe(seconds)
                     if api:
-                        records.append((c.PHASE_DURATION.name, h_attrs(name, key[1]), seconds))
+                        records.append((c.PHASE_DURATION.name, _phase_attrs(name, key[1]), seconds))
                     if memory is not None:
                         agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), memory[0])
                         agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), memory[1])
