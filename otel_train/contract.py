@@ -222,7 +222,8 @@ METRIC_ATTRIBUTES = {
     A_CLOCK: "device when measured with CUDA events, host otherwise.",
     A_KIND: "allocated or reserved (CUDA caching allocator).",
     A_NAME: "User scalar name as given to otel_train.record().",
-    A_REASON: "Why telemetry was dropped: queue_full (pending steps) or export (span export).",
+    A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
+    "ended after its step had ended) or export (span export).",
 }
 
 # --- metrics -----------------------------------------------------------------

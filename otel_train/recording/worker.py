@@ -213,16 +213,14 @@ class Worker:
         phase_hist = self._phase_hist
         with agg.lock:
             agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
-            if rec.dropped_steps:
-                agg.values.setdefault(c.DROPPED.name, {})[((A_REASON, "queue_full"),)] = float(
-                    rec.dropped_steps
-                )
-            if self._span_failures is not None:
-                failed = self._span_failures()
-                if failed:
-                    agg.values.setdefault(c.DROPPED.name, {})[((A_REASON, "export"),)] = float(
-                        failed
-                    )
+            dropped = agg.values.setdefault(c.DROPPED.name, {})
+            for reason, count in (
+                ("queue_full", rec.dropped_steps),
+                ("late_phase", rec.dropped_phases),
+                ("export", self._span_failures() if self._span_failures is not None else 0),
+            ):
+                if count:
+                    dropped[((A_REASON, reason),)] = float(count)
             if self.emitter is not None:
                 agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
             if rec.memory is not None and not self._device_total_set:
@@ -328,7 +326,10 @@ class Worker:
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
                 for row in step.rows:
-                    h = self._phase_hist.get((row[2], row[5] is not None))
+                    device = row[5] is not None
+                    h = self._phase_hist.get((row[2], device)) or self._phase_hist.get(
+                        (OTHER_PHASE, device)  # a name past the series cap was folded there
+                    )
                     if h is not None:
                         h.attach_exemplar(Exemplar(row[9], when, trace_id, span_id))
         # Spans are emitted after the batch's metrics were updated: publish the count now,

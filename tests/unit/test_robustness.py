@@ -212,3 +212,16 @@ def test_phase_names_beyond_the_cap_share_one_series() -> None:
     assert len(names) == worker_module.MAX_PHASE_SERIES + 1
     other = [p for p in points if p.attributes[c.A_PHASE] == worker_module.OTHER_PHASE]
     assert sum(p.count for p in other) == n - worker_module.MAX_PHASE_SERIES
+
+
+def test_a_phase_ending_after_its_step_is_counted_as_dropped() -> None:
+    tel = InMemoryTelemetry()
+    otel_train.configure(console="off", **providers(tel))
+    scope = otel_train.phase("late")
+    with otel_train.step():
+        scope.__enter__()
+    scope.__exit__(None, None, None)  # the step ended first: this phase cannot be kept
+    otel_train.shutdown()
+    (point,) = [p for p in tel.points(c.DROPPED.name) if p.attributes[c.A_REASON] == "late_phase"]
+    assert point.value == 1
+    assert [s.name for s in tel.spans()] == [c.STEP_SPAN.name]
