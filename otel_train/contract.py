@@ -223,7 +223,8 @@ METRIC_ATTRIBUTES = {
     A_KIND: "allocated or reserved (CUDA caching allocator).",
     A_NAME: "User scalar name as given to otel_train.record().",
     A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
-    "ended after its step had ended) or export (span export).",
+    "ended after its step had ended), scalar_names (user scalars with a new name past the "
+    "256-name cap) or export (span export).",
 }
 
 # --- metrics -----------------------------------------------------------------

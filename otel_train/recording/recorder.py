@@ -40,6 +40,7 @@ ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer 
 MAX_NAME = 128
 MAX_MESSAGE = 1024
 MAX_STACK = 8192
+MAX_SCALAR_NAMES = 256
 
 
 class OpenStep:
@@ -153,6 +154,8 @@ class Recorder:
         self.current_step: OpenStep | None = None
         self._next_index = 0
         self._scopes: dict[str, PhaseScope] = {}
+        self._scalar_names: set[str] = set()
+        self.dropped_scalars = 0
         self._failed_once = False
         self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
         if settings.device_timing == "cuda" and not torch.cuda.is_available():
@@ -452,8 +455,14 @@ class Recorder:
             return
         try:
             step = self.current_step
+            names = self._scalar_names
             for key, value in values.items():
                 name = _clean_name(key)
+                if name not in names:
+                    if len(names) >= MAX_SCALAR_NAMES:
+                        self.dropped_scalars += 1  # bounded series: new names past the cap
+                        continue
+                    names.add(name)
                 item = _scalar_value(value, self.events)
                 if item is None:
                     continue

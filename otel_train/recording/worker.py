@@ -217,6 +217,7 @@ class Worker:
             for reason, count in (
                 ("queue_full", rec.dropped_steps),
                 ("late_phase", rec.dropped_phases),
+                ("scalar_names", rec.dropped_scalars),
                 ("export", self._span_failures() if self._span_failures is not None else 0),
             ):
                 if count:

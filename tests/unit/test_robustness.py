@@ -225,3 +225,22 @@ def test_a_phase_ending_after_its_step_is_counted_as_dropped() -> None:
     (point,) = [p for p in tel.points(c.DROPPED.name) if p.attributes[c.A_REASON] == "late_phase"]
     assert point.value == 1
     assert [s.name for s in tel.spans()] == [c.STEP_SPAN.name]
+
+
+def test_user_scalar_names_are_bounded_and_the_rest_counted() -> None:
+    from otel_train.recording.recorder import MAX_SCALAR_NAMES
+
+    tel = InMemoryTelemetry()
+    otel_train.configure(console="off", **providers(tel))
+    extra = 7
+    for i in range(MAX_SCALAR_NAMES + extra):
+        otel_train.record(**{f"metric_{i}": float(i)})
+    otel_train.record(metric_0=-1.0)  # a known name still updates past the cap
+    otel_train.shutdown()
+    values = {p.attributes[c.A_NAME]: p.value for p in tel.points(c.SCALAR.name)}
+    assert len(values) == MAX_SCALAR_NAMES
+    assert values["metric_0"] == -1.0
+    (dropped,) = [
+        p for p in tel.points(c.DROPPED.name) if p.attributes[c.A_REASON] == "scalar_names"
+    ]
+    assert dropped.value == extra
