@@ -115,6 +115,8 @@ def free_port() -> int:
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As http.server binds: a port left in TIME_WAIT by an earlier run is free to use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -187,7 +189,7 @@ def run_job(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",
             "OTEL_SERVICE_NAME": service,
-            "OTEL_TRAIN_METRIC_EXPORT_INTERVAL": "1",
+            "OTEL_TRAIN_METRIC_EXPORT_INTERVAL": "0.5",
             "OTEL_TRAIN_TRACE_STEPS": "all",
             "OTEL_TRAIN_CONSOLE": "off",
             "OTEL_TRAIN_PROMETHEUS": "true" if prometheus else "false",
@@ -210,12 +212,13 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     # deploy/prometheus.yml, and stays up past one 15 s scrape interval.
     scrape = port_free(9464)
     run_job(stack, PLAIN, ["40", "17" if scrape else "2.5"], plain, tmp, prometheus=scrape)
-    run_job(stack, RL, ["20"], rl, tmp, prometheus=False)
+    # Each run spans several export intervals, so rate() sees its counters move.
+    run_job(stack, RL, ["60"], rl, tmp, prometheus=False)
     return {
         "plain": plain,
         "rl": rl,
         "start": start,
-        "steps": {"plain": 40, "rl": 20},
+        "steps": {"plain": 40, "rl": 60},
         "scrape": scrape,
     }
 
