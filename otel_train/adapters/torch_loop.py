@@ -39,11 +39,13 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     assert original is not None
     rec = None
     try:
-        for adapter in _ACTIVE:
-            if adapter.rec.enabled and adapter.rec.current_step is not None:
-                rec = adapter.rec
+        # All adapters share the session's recorder; outside a step the boundary is a no-op.
+        if _ACTIVE:
+            rec = _ACTIVE[0].rec
+            if rec.enabled:
                 rec.transition("forward", "backward")
-                break
+            else:
+                rec = None
     except Exception:  # telemetry never raises into training
         _log.exception("otel-train: timing backward failed")
         rec = None
@@ -136,19 +138,17 @@ class _TimedIterator:
             raise
         try:
             rec.transition("data", None)
-            step = rec.current_step
-            if step is not None and step.mode == ADAPTER:
-                if (
-                    adapter.counter is count_batch
-                    and type(batch) in _SEQUENCES
-                    and batch
-                    and type(batch[0]) is _TENSOR
-                ):
-                    head = batch[0]  # the common (x, y, ...) batch, counted inline
-                    if head.dim():
-                        step.samples = (step.samples or 0) + int(head.shape[0])
-                else:
-                    adapter.count(batch)
+            if (
+                adapter.counter is count_batch
+                and type(batch) in _SEQUENCES
+                and batch
+                and type(batch[0]) is _TENSOR
+            ):
+                head = batch[0]  # the common (x, y, ...) batch, counted inline
+                if head.dim():
+                    rec.log_counts(head.shape[0], None)
+            else:
+                adapter.count(batch)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
         return batch
@@ -209,14 +209,14 @@ class TorchLoopAdapter:
         self.has_loader = False
 
     def count(self, batch: Any) -> None:
-        step = self.rec.current_step
-        if step is None or step.mode != ADAPTER:
-            return  # an explicit step carries the user's own counts: never add to them
+        """Add the batch's counts to the adapter step open now (an explicit step carries
+        the user's own counts: the recorder never adds to those)."""
         try:
             samples, tokens = self.counter(batch)
-            self.rec.add_counts(samples, tokens)
         except Exception:
             return
+        if samples is not None or tokens is not None:
+            self.rec.log_counts(samples, tokens)
 
     # hooks ------------------------------------------------------------------------------
     # Each hook guards itself (a try costs nothing until it catches): an error inside
@@ -231,8 +231,7 @@ class TorchLoopAdapter:
         if not self.active or not module.training or not torch.is_grad_enabled():
             return
         try:
-            rec = self.rec
-            rec.transition("forward", "forward", begin=ADAPTER)
+            self.rec.transition("forward", "forward", begin=ADAPTER)
             if not self.has_loader:
                 self.count(args)
         except Exception:
@@ -254,10 +253,7 @@ class TorchLoopAdapter:
         if not self.active:
             return
         try:
-            rec = self.rec
-            if rec.current_step is None:
-                return
-            rec.transition("forward", "optimizer")
+            self.rec.transition("forward", "optimizer")
         except Exception:
             self._failed()
 

@@ -6,6 +6,15 @@ enqueues and (when memory tracking is on) two allocator-statistics reads. Finish
 steps go into a bounded deque that the worker drains; when it is full the oldest
 step is dropped and counted, never waited for.
 
+Adapter boundaries on a CPU-only process (:meth:`Recorder.transition`) are cheaper
+still: the hook appends ``(stack, time, ...)`` to a log and returns; the step/phase
+state machine replays the log later, under a lock, on whichever thread settles it
+first (normally the worker; any other recorder call settles before it runs, so the
+state every caller sees is the same as if nothing had been deferred). Python code
+right after a step's kernels runs on cold caches (a ``perf_counter_ns`` pair costs
+~0.15-0.4 us there against 0.05 us warm), so the fewer objects a hook touches, the less
+it costs; the worker replays a batch of steps on warm caches.
+
 Usage::
 
     rec = Recorder(settings, on_internal_error=log_once)
@@ -41,6 +50,8 @@ MAX_NAME = 128
 MAX_MESSAGE = 1024
 MAX_STACK = 8192
 MAX_SCALAR_NAMES = 256
+MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
+SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
 
 
 class OpenStep:
@@ -140,7 +151,10 @@ class Recorder:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.enabled = True
-        self.pending: collections.deque[OpenStep] = collections.deque()
+        self._pending: collections.deque[OpenStep] = collections.deque()
+        # Deferred adapter boundaries: (stack, t, close, open_, begin, end) or a count.
+        self._log: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._lock = threading.RLock()  # the state machine runs on one thread at a time
         self.max_pending = settings.max_pending_steps
         self.dropped_steps = 0
         self.dropped_phases = 0
@@ -149,9 +163,10 @@ class Recorder:
         self._cuda = False
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
+        # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
+        self._defer = not self._want_cuda
         self._tls = threading.local()
-        # The open step, read by adapters on every hook: a plain attribute, not a property.
-        self.current_step: OpenStep | None = None
+        self._current: OpenStep | None = None
         self._next_index = 0
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
@@ -179,6 +194,57 @@ class Recorder:
     def step(self, samples: int | None = None, tokens: int | None = None) -> StepScope:
         return StepScope(self, _count(samples), _count(tokens))
 
+    # -- the deferred log ------------------------------------------------------------
+
+    @property
+    def current_step(self) -> OpenStep | None:
+        """The open step, after every deferred boundary has been applied."""
+        if self._log:
+            self.settle()
+        return self._current
+
+    @property
+    def pending(self) -> collections.deque[OpenStep]:
+        """Finished steps waiting for the worker (deferred boundaries applied first)."""
+        if self._log:
+            self.settle()
+        return self._pending
+
+    def settle(self) -> None:
+        """Apply every deferred boundary, in the order the hooks logged them.
+
+        In slices, so that a training thread waiting for the lock (an explicit phase
+        beside an instrumented loop) waits for one slice, not for the whole backlog.
+        """
+        while self._log:
+            with self._lock:
+                self._settle(SETTLE_SLICE)
+
+    def _settle(self, limit: int = -1) -> None:
+        """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
+        log = self._log
+        try:
+            while log and limit != 0:
+                limit -= 1
+                item = log.popleft()
+                if item[0] is None:  # (None, samples, tokens): counts from a batch
+                    step = self._current
+                    if step is not None and step.mode == ADAPTER:
+                        self._add_counts(step, item[1], item[2])
+                else:
+                    self._transition_at(*item)
+        except Exception:
+            log.clear()
+            self._fail()
+
+    def _tls_stack(self) -> list[list[Any]]:
+        tls = self._tls
+        try:
+            return tls.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            tls.stack = []
+            return tls.stack  # type: ignore[no-any-return]
+
     # -- steps -----------------------------------------------------------------------
 
     def _refresh_cuda(self) -> None:
@@ -194,14 +260,28 @@ class Recorder:
         if not self.enabled:
             return None
         try:
-            current = self.current_step
+            t = perf_counter_ns()
+            with self._lock:
+                self._settle()
+                return self._begin_at(mode, t, samples, tokens)
+        except Exception:
+            self._fail()
+            return None
+
+    def _begin_at(
+        self, mode: int, t: int, samples: int | None = None, tokens: int | None = None
+    ) -> OpenStep | None:
+        if not self.enabled:
+            return None
+        try:
+            current = self._current
             if current is not None:
                 if mode == EXPLICIT and current.mode == EXPLICIT:
                     return None  # nested explicit step: the outer one stands
                 if (
                     mode == EXPLICIT
                     and current.mode == ADAPTER
-                    and not self._stack()
+                    and not self._tls_stack()
                     and all(p[2] in HOST_PHASES for p in current.phases)
                 ):
                     # ``for batch in loader: with step():`` -- the instrumented loader's
@@ -210,56 +290,78 @@ class Recorder:
                     if samples is not None or tokens is not None:
                         current.samples, current.tokens = samples, tokens
                     return current
-                self._close(current, perf_counter_ns())
+                self._close(current, t)
             if not self._cuda:
                 self._refresh_cuda()
-            t0 = perf_counter_ns()
             ev0 = self.events.record() if self._cuda else None
             device = torch.cuda.current_device() if self._cuda else None
-            step = OpenStep(self._next_index, t0, mode, ev0, device)
+            step = OpenStep(self._next_index, t, mode, ev0, device)
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
-            self.current_step = step
+            self._current = step
             return step
         except Exception:
             self._fail()
             return None
 
     def end_step(self, mode: int) -> None:
-        step = self.current_step
-        if step is None or not self.enabled:
+        if not self.enabled:
             return
-        if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
-            return  # an adapter's optimizer step also ends a step that bare phases opened
         try:
-            self._close(step, perf_counter_ns())
+            t = perf_counter_ns()
+            with self._lock:
+                self._settle()
+                step = self._current
+                if step is None:
+                    return
+                if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
+                    return  # an adapter's optimizer step also ends a step bare phases opened
+                self._close(step, t)
         except Exception:
             self._fail()
 
     def add_counts(self, samples: int | None, tokens: int | None) -> None:
-        step = self.current_step
-        if step is None:
-            return
+        with self._lock:
+            self._settle()
+            step = self._current
+            if step is not None:
+                self._add_counts(step, samples, tokens)
+
+    @staticmethod
+    def _add_counts(step: OpenStep, samples: int | None, tokens: int | None) -> None:
         if samples is not None:
             step.samples = (step.samples or 0) + samples
         if tokens is not None:
             step.tokens = (step.tokens or 0) + tokens
 
+    def log_counts(self, samples: int | None, tokens: int | None) -> None:
+        """Counts from the batch just fetched, for the adapter step open at this point."""
+        if self._defer and self.enabled:
+            self._log.append((None, samples, tokens))
+            return
+        with self._lock:
+            self._settle()
+            step = self._current
+            if step is not None and step.mode == ADAPTER:
+                self._add_counts(step, samples, tokens)
+
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
-        step = self.current_step
-        if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
-            self.current_step = None
-            if step.index == self._next_index - 1:
-                self._next_index -= 1  # keep step indices contiguous across epochs
-            self._release_step(step)
+        with self._lock:
+            self._settle()
+            step = self._current
+            if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
+                self._current = None
+                if step.index == self._next_index - 1:
+                    self._next_index -= 1  # keep step indices contiguous across epochs
+                self._release_step(step)
 
     def _close(self, step: OpenStep, t1: int) -> None:
         step.t1 = t1
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
-        self.current_step = None
-        pending = self.pending
+        self._current = None
+        pending = self._pending
         if len(pending) >= self.max_pending:
             try:
                 old = pending.popleft()
@@ -279,24 +381,22 @@ class Recorder:
 
     # -- phases ----------------------------------------------------------------------
 
-    def _stack(self) -> list[list[Any]]:
-        try:
-            return self._tls.stack  # type: ignore[no-any-return]
-        except AttributeError:
-            self._tls.stack = []
-            return self._tls.stack  # type: ignore[no-any-return]
-
     def enter(self, name: str) -> None:
         if not self.enabled:
             return
         try:
             t = perf_counter_ns()
-            tls = self._tls
-            try:
-                stack = tls.stack
-            except AttributeError:
-                stack = tls.stack = []
-            step = self.current_step
+            with self._lock:
+                self._settle()
+                self._enter_at(name, t, self._tls_stack())
+        except Exception:
+            self._fail()
+
+    def _enter_at(self, name: str, t: int, stack: list[list[Any]]) -> None:
+        if not self.enabled:
+            return
+        try:
+            step = self._current
             if step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t)
                 if step is None:
@@ -328,10 +428,10 @@ class Recorder:
     def _enter_top(self, name: str, step: OpenStep | None, t: int) -> OpenStep | None:
         """A top-level phase: open a cycle step if none, or start the next cycle."""
         if step is None:
-            step = self.begin_step(CYCLE)
+            step = self._begin_at(CYCLE, t)
         elif step.top is not None and name in step.top:
             self._close(step, t)  # the name repeats: a new cycle begins here
-            step = self.begin_step(CYCLE)
+            step = self._begin_at(CYCLE, t)
         if step is not None and step.top is not None:
             step.top.add(name)
         return step
@@ -340,20 +440,33 @@ class Recorder:
         if not self.enabled:
             return
         try:
-            try:
-                stack = self._tls.stack
-            except AttributeError:
-                return
+            t = perf_counter_ns()
+            with self._lock:
+                self._settle()
+                self._exit_at(t, self._tls_stack(), exc_type, exc, name)
+        except Exception:
+            self._fail()
+
+    def _exit_at(
+        self,
+        t: int,
+        stack: list[list[Any]],
+        exc_type: Any = None,
+        exc: Any = None,
+        name: str | None = None,
+    ) -> None:
+        if not self.enabled:
+            return
+        try:
             if not stack:
                 return
             if name is not None and stack[-1][0] != name and any(e[0] == name for e in stack):
                 # Phases an adapter opened inside this one (the model's inferred forward)
                 # end with it; popping the wrong entry would leak this one on the stack.
                 while stack and stack[-1][0] != name and self.enabled:
-                    self.exit()
+                    self._exit_at(t, stack)
                 if not stack or not self.enabled:
                     return
-            t = perf_counter_ns()
             entry = stack[-1]
             step = entry[5]
             ev = self.events.record() if entry[4] is not None else None
@@ -382,23 +495,48 @@ class Recorder:
     ) -> None:
         """An adapter hook's whole work in one call, at one timestamp: exit ``close`` if it
         is the innermost open phase; end the step if ``end`` (a mode) may end it; open a
-        step of mode ``begin`` if none is open; enter ``open_``.
+        step of mode ``begin`` if none is open; enter ``open_`` if a step is (then) open.
 
-        Hooks run on every step, and each Python call costs about a microsecond there
-        (cold caches after the step's kernels), so the CPU-only path is inlined here;
-        CUDA steps take the general ``exit``/``enter`` path (events and memory).
+        Without CUDA the call only logs its arguments with the time and this thread's
+        phase stack (see the module docstring); with CUDA, events and memory figures
+        must be taken at the boundary itself, so it runs at once.
         """
         if not self.enabled:
             return
         try:
+            if self._defer:
+                tls = self._tls
+                try:
+                    stack = tls.stack
+                except AttributeError:
+                    stack = tls.stack = []
+                log = self._log
+                log.append((stack, perf_counter_ns(), close, open_, begin, end))
+                if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
+                    self.settle()
+                return
             t = perf_counter_ns()
-            try:
-                stack = self._tls.stack
-            except AttributeError:
-                stack = self._tls.stack = []
+            with self._lock:
+                self._settle()
+                self._transition_at(self._tls_stack(), t, close, open_, begin, end)
+        except Exception:
+            self._fail()
+
+    def _transition_at(
+        self,
+        stack: list[list[Any]],
+        t: int,
+        close: str | None,
+        open_: str | None,
+        begin: int,
+        end: int,
+    ) -> None:
+        if not self.enabled:
+            return
+        try:
             if close is not None and stack and stack[-1][0] == close:
                 if self._cuda:
-                    self.exit()
+                    self._exit_at(t, stack)
                 else:
                     entry = stack.pop()
                     owner = entry[5]
@@ -408,7 +546,7 @@ class Recorder:
                         owner.phases.append(
                             (entry[1], entry[2], close, entry[3], t, None, None, None, None)
                         )
-            step = self.current_step
+            step = self._current
             if (
                 end
                 and step is not None
@@ -418,10 +556,14 @@ class Recorder:
                 step = None
             if open_ is None:
                 return
-            if step is None and begin:
-                step = self.begin_step(begin)
-            if step is None or self._cuda or (step.top is not None and not stack):
-                self.enter(open_)  # the general path: events, memory, cycle steps
+            if step is None:
+                if not begin:
+                    return  # a boundary outside any step (evaluation, a stray backward)
+                step = self._begin_at(begin, t)
+                if step is None:
+                    return
+            if self._cuda or (step.top is not None and not stack):
+                self._enter_at(open_, t, stack)  # the general path: events, memory, cycles
                 return
             seq = step.seq
             step.seq = seq + 1
@@ -433,17 +575,23 @@ class Recorder:
     def exit_if_top(self, name: str, exc_type: Any = None, exc: Any = None) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""
         try:
-            stack = self._tls.stack
-        except AttributeError:
+            t = perf_counter_ns()
+            with self._lock:
+                self._settle()
+                stack = self._tls_stack()
+                if stack and stack[-1][0] == name:
+                    self._exit_at(t, stack, exc_type, exc)
+                    return True
+                return False
+        except Exception:
+            self._fail()
             return False
-        if stack and stack[-1][0] == name:
-            self.exit(exc_type, exc)
-            return True
-        return False
 
     def open_phase_names(self) -> list[str]:
         try:
-            return [e[0] for e in self._stack()]
+            with self._lock:
+                self._settle()
+                return [e[0] for e in self._tls_stack()]
         except Exception:
             self._fail()
             return []
@@ -454,24 +602,26 @@ class Recorder:
         if not self.enabled:
             return
         try:
-            step = self.current_step
-            names = self._scalar_names
-            for key, value in values.items():
-                name = _clean_name(key)
-                if name not in names:
-                    if len(names) >= MAX_SCALAR_NAMES:
-                        self.dropped_scalars += 1  # bounded series: new names past the cap
+            with self._lock:
+                self._settle()
+                step = self._current
+                names = self._scalar_names
+                for key, value in values.items():
+                    name = _clean_name(key)
+                    if name not in names:
+                        if len(names) >= MAX_SCALAR_NAMES:
+                            self.dropped_scalars += 1  # bounded series: new names past the cap
+                            continue
+                        names.add(name)
+                    item = _scalar_value(value, self.events)
+                    if item is None:
                         continue
-                    names.add(name)
-                item = _scalar_value(value, self.events)
-                if item is None:
-                    continue
-                if step is not None:
-                    if step.scalars is None:
-                        step.scalars = []
-                    step.scalars.append((name, item))
-                else:
-                    self.loose_scalars.append((name, item))
+                    if step is not None:
+                        if step.scalars is None:
+                            step.scalars = []
+                        step.scalars.append((name, item))
+                    else:
+                        self.loose_scalars.append((name, item))
         except Exception:
             self._fail()
 

@@ -105,6 +105,8 @@ class ResolvedStep:
 
     def finish(self) -> None:
         """Derive the span extent and device time once rows and device times are set."""
+        if self.dev_start is None:
+            return  # host times only: every phase lies inside the step's own extent
         start, end = self.host_start, self.host_end
         for row in self.rows:
             p_start, p_end = (row[3], row[4]) if row[5] is None else (row[5], max(row[6], row[5]))

@@ -66,6 +66,12 @@ class Worker:
         self._tp_samples = 0
         self._tp_tokens = 0
         self._phase_hist: dict[tuple[str, bool], HistogramState] = {}  # (phase, device?)
+        # Per clock (device?): phase name -> (histogram, attributes, series name); names
+        # past MAX_PHASE_SERIES map to the "_other" series.
+        self._series: dict[bool, dict[str, tuple[HistogramState, Any, str]]] = {
+            False: {},
+            True: {},
+        }
         self._step_hist = aggregator.histogram(c.STEP_DURATION.name, ())
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one process() at a time (worker vs. shutdown drain)
@@ -152,17 +158,25 @@ class Worker:
         rs.samples, rs.tokens = step.samples, step.tokens
         phases = step.phases
         phases.sort(key=_BY_SEQ)
-        timed: list[tuple[Any, int]] = []
-        if step.ev0 is not None:
-            timed.append((step.ev0, step.t0))
-            timed.append((step.ev1, step.t1))
-            for p in phases:
-                if p[5] is not None:
-                    timed.append((p[5], p[3]))
-                    timed.append((p[6], p[4]))
-            placed = self.clock.place(timed)
-            rs.dev_start, rs.dev_end = placed[0], placed[1]
-            it = iter(placed[2:])
+        self._resolve_scalars(step, rs)
+        if step.ev0 is None:  # host times only (the common CPU case): one comprehension
+            # fmt: off
+            rs.rows = [
+                (p[0], p[1], p[2], p[3], p[4], None, None, p[7], p[8],
+                 (p[4] - p[3]) / 1e9 if p[4] > p[3] else 0.0)
+                for p in phases
+            ]
+            # fmt: on
+            rs.error = any(p[8] is not None for p in phases)
+            return rs
+        timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
+        for p in phases:
+            if p[5] is not None:
+                timed.append((p[5], p[3]))
+                timed.append((p[6], p[4]))
+        placed = self.clock.place(timed)
+        rs.dev_start, rs.dev_end = placed[0], placed[1]
+        it = iter(placed[2:])
         rows = rs.rows
         for seq, parent, name, t0, t1, ev0, _ev1, memory, error in phases:
             if ev0 is None:
@@ -174,14 +188,17 @@ class Worker:
                              (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
             if error is not None:
                 rs.error = True
-        if step.scalars:
-            rs.scalars = [(n, v) for n, raw in step.scalars if (v := _scalar(raw)) is not None]
         rs.finish()
         events = self.recorder.events
         for ev, _ in timed:
             if not self.clock.is_anchor(ev):
                 events.release(ev)
         return rs
+
+    @staticmethod
+    def _resolve_scalars(step: OpenStep, rs: ResolvedStep) -> None:
+        if step.scalars:
+            rs.scalars = [(n, v) for n, raw in step.scalars if (v := _scalar(raw)) is not None]
 
     def _resolve_loose_scalars(self) -> None:
         loose = self.recorder.loose_scalars
@@ -210,7 +227,7 @@ class Worker:
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] = []
-        phase_hist = self._phase_hist
+        host_series, dev_series = self._series[False], self._series[True]
         with agg.lock:
             agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
             dropped = agg.values.setdefault(c.DROPPED.name, {})
@@ -244,22 +261,14 @@ class Worker:
                     agg.add(c.TOKENS.name, (), step.tokens)
                 for row in step.rows:
                     name, seconds, memory = row[2], row[9], row[7]
-                    key = (name, row[5] is not None)
-                    h = phase_hist.get(key)
-                    if h is None:
-                        if len(phase_hist) >= MAX_PHASE_SERIES:
-                            # Bounded series: further phase names share one "_other" series.
-                            name = OTHER_PHASE
-                            key = (name, key[1])
-                            h = phase_hist.get(key)
-                        if h is None:
-                            h = phase_hist[key] = agg.histogram(
-                                c.PHASE_DURATION.name, _phase_attrs(name, key[1])
-                            )
-                    h.observe(seconds)
+                    entry = (dev_series if row[5] is not None else host_series).get(name)
+                    if entry is None:
+                        entry = self._phase_series(name, row[5] is not None)
+                    entry[0].observe(seconds)
                     if api:
-                        records.append((c.PHASE_DURATION.name, _phase_attrs(name, key[1]), seconds))
+                        records.append((c.PHASE_DURATION.name, entry[1], seconds))
                     if memory is not None:
+                        name = entry[2]
                         agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), memory[0])
                         agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), memory[1])
                         if total_bytes:
@@ -270,19 +279,30 @@ class Worker:
                             )
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                self._update_throughput(step)
-                self.steps_processed += 1
+                self._add_throughput(step)
+            self.steps_processed += len(batch)
+            if batch:  # gauges are read at collection time: the batch's last value will do
+                self._publish_throughput(batch[-1])
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
 
-    def _update_throughput(self, step: ResolvedStep) -> None:
-        """Samples and tokens per second over the last ``throughput_window`` steps.
+    def _phase_series(self, name: str, device: bool) -> tuple[HistogramState, Any, str]:
+        phase_hist = self._phase_hist
+        series = name
+        if (name, device) not in phase_hist and len(phase_hist) >= MAX_PHASE_SERIES:
+            series = OTHER_PHASE  # bounded series: further phase names share "_other"
+        attrs = _phase_attrs(series, device)
+        h = phase_hist.get((series, device))
+        if h is None:
+            h = phase_hist[(series, device)] = self.agg.histogram(c.PHASE_DURATION.name, attrs)
+        entry = (h, attrs, series)
+        if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
+            self._series[device][name] = entry
+        return entry
 
-        Rate over the window = what the steps after the oldest one processed, divided by
-        the time from the oldest step's end to the newest step's end (running sums).
-        """
+    def _add_throughput(self, step: ResolvedStep) -> None:
         window = self._throughput
         samples, tokens = step.samples or 0, step.tokens or 0
         if len(window) == window.maxlen:
@@ -292,12 +312,21 @@ class Worker:
         window.append((step.host_end, samples, tokens))
         self._tp_samples += samples
         self._tp_tokens += tokens
+
+    def _publish_throughput(self, step: ResolvedStep) -> None:
+        """Samples and tokens per second over the last ``throughput_window`` steps.
+
+        Rate over the window = what the steps after the oldest one processed, divided by
+        the time from the oldest step's end to the newest step's end (running sums).
+        """
+        window = self._throughput
         if len(window) >= 2:
             span_s = (window[-1][0] - window[0][0]) / 1e9
             samples = self._tp_samples - window[0][1]
             tokens = self._tp_tokens - window[0][2]
         else:
             span_s = step.host_seconds
+            samples, tokens = step.samples or 0, step.tokens or 0
         if span_s <= 0:
             return
         if step.samples is not None:
@@ -327,12 +356,9 @@ class Worker:
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
                 for row in step.rows:
-                    device = row[5] is not None
-                    h = self._phase_hist.get((row[2], device)) or self._phase_hist.get(
-                        (OTHER_PHASE, device)  # a name past the series cap was folded there
-                    )
-                    if h is not None:
-                        h.attach_exemplar(Exemplar(row[9], when, trace_id, span_id))
+                    entry = self._series[row[5] is not None].get(row[2])
+                    if entry is not None:  # folded names map to the "_other" series
+                        entry[0].attach_exemplar(Exemplar(row[9], when, trace_id, span_id))
         # Spans are emitted after the batch's metrics were updated: publish the count now,
         # or the last batch (and the shutdown drain) would never be counted.
         with self.agg.lock:

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_readme_settings_table_matches_settings() -> None:
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
+    pattern = r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->"
+    block = re.search(pattern, text, re.S)
     assert block is not None, "README lost its settings-table markers"
     assert block.group(1) == settings_table()
 
