@@ -84,7 +84,9 @@ def test_every_resource_attribute_is_in_the_contract() -> None:
 
 
 def test_instance_id_is_unique_per_rank_and_stable_for_a_restarted_rank() -> None:
-    ids = [attrs_of(RANK=str(r), TORCHELASTIC_RUN_ID="job")["service.instance.id"] for r in range(4)]
+    ids = [
+        attrs_of(RANK=str(r), TORCHELASTIC_RUN_ID="job")["service.instance.id"] for r in range(4)
+    ]
     assert len(set(ids)) == 4
     again = attrs_of(RANK="2", TORCHELASTIC_RUN_ID="job")["service.instance.id"]
     assert again == ids[2]
