@@ -68,7 +68,11 @@ def local_rank() -> int | None:
 
 
 def job_id() -> str | None:
-    return env_str("OTEL_TRAIN_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME")
+    # torchrun's static rendezvous (--master_addr) leaves TORCHELASTIC_RUN_ID at "none".
+    elastic = env_str("TORCHELASTIC_RUN_ID")
+    if elastic == "none":
+        elastic = None
+    return env_str("OTEL_TRAIN_RUN_ID") or elastic or env_str("SLURM_JOB_ID", "K8S_JOB_NAME")
 
 
 def rank_attributes() -> dict[str, object]:

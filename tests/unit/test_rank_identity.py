@@ -69,6 +69,12 @@ def test_kubernetes_variables() -> None:
     assert a[c.RESOURCE_JOB.key] == "train"  # the job name is the run id when nothing else is
 
 
+def test_static_rendezvous_run_id_none_is_no_job_id() -> None:
+    a = attrs_of(TORCHELASTIC_RUN_ID="none", SLURM_JOB_ID="77")
+    assert a[c.RESOURCE_JOB.key] == "77"
+    assert c.RESOURCE_JOB.key not in attrs_of(TORCHELASTIC_RUN_ID="none")
+
+
 def test_run_id_setting_wins_over_the_launchers() -> None:
     a = attrs_of(OTEL_TRAIN_RUN_ID="exp-7", TORCHELASTIC_RUN_ID="r1", SLURM_JOB_ID="1")
     assert a[c.RESOURCE_JOB.key] == "exp-7"
