@@ -208,7 +208,7 @@ def test_training_job_environment_becomes_the_resource(monkeypatch: pytest.Monke
         assert "fieldRef" in env[name], f"{name} should come from the downward API"
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in container(job)["command"]
     # What the pod would see: every downward-API variable lands on the resource.
-    for var in list(env) + ["JOB_COMPLETION_INDEX", "RANK", "TORCHELASTIC_RUN_ID"]:
+    for var in [*env, "JOB_COMPLETION_INDEX", "RANK", "TORCHELASTIC_RUN_ID"]:
         monkeypatch.setenv(var, "7")
     attrs = resource.build_resource(Settings()).attributes
     for key in ("k8s.pod.name", "k8s.namespace.name", "k8s.node.name", "k8s.job.name"):

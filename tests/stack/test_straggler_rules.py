@@ -92,10 +92,7 @@ def test_the_slow_rank_scores_lowest_and_alone_fires(
     healthy = {"data": median("0.0025"), "forward": median("0.025")}[slow_phase]
     score = round(healthy / median("0.1"), 6)
     scores = [
-        {
-            "labels": f'job_rank:otel_train_straggler_score:min{{job="train", otel_train_rank="{r}"}}',
-            "value": score if r == slow else 1,
-        }
+        {"labels": f'{{job="train", otel_train_rank="{r}"}}', "value": score if r == slow else 1}
         for r in range(4)
     ]
     test = {
@@ -105,15 +102,7 @@ def test_the_slow_rank_scores_lowest_and_alone_fires(
             {
                 "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
                 "eval_time": "15m",
-                "exp_samples": [
-                    {
-                        "labels": s["labels"].replace(
-                            "job_rank:otel_train_straggler_score:min", ""
-                        ),
-                        "value": s["value"],
-                    }
-                    for s in scores
-                ],
+                "exp_samples": scores,
             }
         ],
         "alert_rule_test": [
