@@ -235,3 +235,12 @@ def test_straggler_rule_names_the_slow_rank(stack: Any, run: dict[str, Any]) -> 
     )["result"]
     worst = min(section, key=lambda r: float(r["value"][1]))
     assert worst["metric"]["phase"] == "forward"
+    # The all-reduce makes every rank's step as slow as the straggler's: the step time
+    # alone does not tell which rank it is (why the rules also score phases).
+    steps = prom(
+        stack,
+        "/api/v1/query",
+        query=f'job_rank:otel_train_step_straggler_score:ratio{{job="{job}"}}',
+    )["result"]
+    assert len(steps) == RANKS
+    assert all(float(r["value"][1]) >= 0.7 for r in steps), steps
