@@ -9,7 +9,8 @@ contract metrics.
 Dashboards:
 - training overview: step time p50/p95, throughput, time per phase (stacked), peak
   memory per phase against the device limit (host RSS against host memory on CPU
-  runs), per-rank step time spread, loss, the layer's own health.
+  runs), per-rank step time spread, loss, the layer's own health, the straggler score
+  per rank (from the recording rules) with a data link to that rank's slowest traces.
 - RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
   of the iteration, reward.
 Histogram panels show exemplars; a click on one opens that step's trace in Jaeger.
@@ -35,6 +36,9 @@ PROM = {"type": "prometheus", "uid": PROM_UID}
 # adds otel_train_source="scrape" (deploy/prometheus.yml), so no series counts twice.
 F = 'job=~"$job", otel_train_rank=~"$rank", otel_train_source=""'
 RATE = "$__rate_interval"
+# Recorded by deploy/prometheus/rules/stragglers.yml (a test checks the rule exists).
+STRAGGLER_SCORE = "job_rank:otel_train_straggler_score:min"
+STRAGGLER_THRESHOLD = 0.7  # the OtelTrainStraggler alert's threshold
 
 
 def n(spec: c.MetricSpec, series: str = "") -> str:
@@ -184,6 +188,46 @@ def scalar_panel(name: str, title: str, grid: tuple[int, int, int, int]) -> dict
     )
 
 
+def slow_traces_link() -> dict[str, Any]:
+    """Data link: the clicked rank's slowest sampled steps, searched in Jaeger."""
+    query = {
+        "refId": "A",
+        "queryType": "search",
+        "service": "${__field.labels.job}",
+        "operation": c.STEP_SPAN.name,
+        "tags": f"{c.RANK.key}=${{__field.labels.otel_train_rank}} "
+        f"{c.STEP_SAMPLED_BECAUSE.key}=slowest",
+        "limit": 20,
+    }
+    left = {"datasource": JAEGER_UID, "queries": [query], "range": {"from": "now-1h", "to": "now"}}
+    return {
+        "title": "Slowest steps of rank ${__field.labels.otel_train_rank} in Jaeger",
+        "url": "/explore?left=" + json.dumps(left, separators=(",", ":")),
+        "targetBlank": True,
+    }
+
+
+def straggler_panel(grid: tuple[int, int, int, int]) -> dict[str, Any]:
+    p = panel(
+        "Straggler score by rank",
+        [target(f"{STRAGGLER_SCORE}{{{F}}}", "rank {{otel_train_rank}}", "A")],
+        "percentunit",
+        grid,
+        description="Fleet median / this rank's median time in its worst section (the step "
+        "or a phase), 1 = on par, 0.5 = twice as slow (deploy/prometheus/rules/"
+        f"stragglers.yml). Under {STRAGGLER_THRESHOLD} for 10 minutes fires "
+        "OtelTrainStraggler. Click a line for that rank's slowest step traces in Jaeger.",
+    )
+    defaults = p["fieldConfig"]["defaults"]
+    defaults.update({"min": 0, "max": 1, "links": [slow_traces_link()]})
+    defaults["thresholds"] = {
+        "mode": "absolute",
+        "steps": [{"color": "red", "value": None}, {"color": "green", "value": STRAGGLER_THRESHOLD}],
+    }
+    defaults["custom"]["thresholdsStyle"] = {"mode": "line"}
+    return p
+
+
 def overview() -> dict[str, Any]:
     panels = [
         panel(
@@ -265,6 +309,7 @@ def overview() -> dict[str, Any]:
             "s",
             (12, 24, 12, 8),
         ),
+        straggler_panel((0, 32, 24, 8)),
     ]
     return dashboard("otel-train-overview", "otel-train: training overview", panels, ["training"])
 

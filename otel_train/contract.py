@@ -140,18 +140,40 @@ RESOURCE_WORLD_SIZE = AttributeSpec(
     "otel_train.world_size", "int", "", "Resource: number of ranks (WORLD_SIZE, SLURM_NTASKS)."
 )
 RESOURCE_JOB = AttributeSpec(
-    "otel_train.job", "string", "", "Resource: job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)."
+    "otel_train.job",
+    "string",
+    "",
+    "Resource: job/run id (OTEL_TRAIN_RUN_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, K8S_JOB_NAME).",
+)
+RESOURCE_NODE_RANK = AttributeSpec(
+    "otel_train.node_rank",
+    "int",
+    "",
+    "Resource: index of the node (GROUP_RANK, SLURM_NODEID, JOB_COMPLETION_INDEX).",
 )
 RESOURCE_ATTRIBUTES = (
     AttributeSpec(
         "service.name", "string", "", "service_name setting, OTEL_SERVICE_NAME, else 'otel-train'."
     ),
-    AttributeSpec("service.instance.id", "string", "", "Random UUID per process."),
-    AttributeSpec("host.name", "string", "", "Host name of the node."),
+    AttributeSpec(
+        "service.instance.id",
+        "string",
+        "",
+        "UUIDv5 of (job, rank) when the job id is known (stable across elastic restarts), "
+        "else a random UUID per process; a forked child gets a new one.",
+    ),
+    AttributeSpec(
+        "host.name", "string", "", "The node: K8S_NODE_NAME, SLURMD_NODENAME, else the hostname."
+    ),
     RESOURCE_RANK,
     RESOURCE_LOCAL_RANK,
     RESOURCE_WORLD_SIZE,
+    RESOURCE_NODE_RANK,
     RESOURCE_JOB,
+    AttributeSpec("k8s.pod.name", "string", "", "K8S_POD_NAME (downward API), when set."),
+    AttributeSpec("k8s.namespace.name", "string", "", "K8S_NAMESPACE_NAME, when set."),
+    AttributeSpec("k8s.node.name", "string", "", "K8S_NODE_NAME (spec.nodeName), when set."),
+    AttributeSpec("k8s.job.name", "string", "", "K8S_JOB_NAME, when set."),
 )
 
 OOM_EVENT = "otel_train.oom"

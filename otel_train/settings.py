@@ -157,6 +157,14 @@ class Settings:
             "doc": "Port of /metrics (0 = any free port).",
         },
     )
+    prometheus_ranks: str = field(
+        default="offset",
+        metadata={
+            "parse": _choice("offset", "first", "all"),
+            "doc": "/metrics with several ranks on a node: offset (port + LOCAL_RANK), "
+            "first (local rank 0 only), all (every rank binds the same port: a clash errors).",
+        },
+    )
     metric_export_interval: float = field(
         default=10.0,
         metadata={

@@ -1,7 +1,17 @@
-"""The resource every export carries: service, rank identity, host.
+"""The resource every export carries: service, rank identity, node, job.
 
-Rank attributes come from torchrun / SLURM environment variables when present.
-``service.instance.id`` is unique per process and set again after ``fork``.
+Rank attributes come from the launcher's environment when present: torchrun
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``),
+SLURM (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``,
+``SLURM_JOB_ID``, ``SLURMD_NODENAME``) or a Kubernetes Indexed Job
+(``JOB_COMPLETION_INDEX``, plus the downward-API variables ``K8S_POD_NAME``,
+``K8S_NAMESPACE_NAME``, ``K8S_NODE_NAME`` and ``K8S_JOB_NAME`` that
+deploy/k8s/training-job.yaml defines). ``OTEL_TRAIN_RUN_ID`` overrides the job id.
+
+``service.instance.id``: with a job id, a UUIDv5 of (job, rank), the same for a rank
+restarted by torchelastic (no new series per restart) and different for every rank;
+without one, a random UUID per process. Either way a forked child that builds its
+own SDK gets a fresh id (``os.register_at_fork``).
 """
 
 from __future__ import annotations
@@ -16,6 +26,18 @@ from .. import contract as c
 from ..settings import Settings
 
 DEFAULT_SERVICE_NAME = "otel-train"
+# Namespace of the per-rank UUIDv5 (a fixed random UUID, so ids are stable across versions).
+_INSTANCE_NAMESPACE = uuid.UUID("6b0d4b9e-5c1f-4f0e-9d1a-2f7c3e8a9b10")
+_forked = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def env_int(*names: str) -> int | None:
@@ -29,29 +51,64 @@ def env_int(*names: str) -> int | None:
     return None
 
 
+def env_str(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value[:256]
+    return None
+
+
 def rank() -> int:
     return env_int("RANK", "SLURM_PROCID") or 0
 
 
+def local_rank() -> int | None:
+    return env_int("LOCAL_RANK", "SLURM_LOCALID")
+
+
+def job_id() -> str | None:
+    # torchrun's static rendezvous (--master_addr) leaves TORCHELASTIC_RUN_ID at "none".
+    elastic = env_str("TORCHELASTIC_RUN_ID")
+    if elastic == "none":
+        elastic = None
+    return env_str("OTEL_TRAIN_RUN_ID") or elastic or env_str("SLURM_JOB_ID", "K8S_JOB_NAME")
+
+
 def rank_attributes() -> dict[str, object]:
     attrs: dict[str, object] = {c.RESOURCE_RANK.key: rank()}
-    local = env_int("LOCAL_RANK", "SLURM_LOCALID")
-    if local is not None:
-        attrs[c.RESOURCE_LOCAL_RANK.key] = local
-    world = env_int("WORLD_SIZE", "SLURM_NTASKS")
-    if world is not None:
-        attrs[c.RESOURCE_WORLD_SIZE.key] = world
-    job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
-    if job:
-        attrs[c.RESOURCE_JOB.key] = job[:256]
+    optional: dict[str, object | None] = {
+        c.RESOURCE_LOCAL_RANK.key: local_rank(),
+        c.RESOURCE_WORLD_SIZE.key: env_int("WORLD_SIZE", "SLURM_NTASKS"),
+        c.RESOURCE_NODE_RANK.key: env_int("GROUP_RANK", "SLURM_NODEID", "JOB_COMPLETION_INDEX"),
+        c.RESOURCE_JOB.key: job_id(),
+        "k8s.pod.name": env_str("K8S_POD_NAME"),
+        "k8s.namespace.name": env_str("K8S_NAMESPACE_NAME"),
+        "k8s.node.name": env_str("K8S_NODE_NAME"),
+        "k8s.job.name": env_str("K8S_JOB_NAME"),
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
 
 
+def instance_id(attrs: dict[str, object]) -> str:
+    """UUIDv5 of (job, rank) when the job is known and this is not a forked child."""
+    job = attrs.get(c.RESOURCE_JOB.key)
+    if job is None or _forked:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(_INSTANCE_NAMESPACE, f"{job}/{attrs[c.RESOURCE_RANK.key]}"))
+
+
+def host_name() -> str:
+    return env_str("K8S_NODE_NAME", "SLURMD_NODENAME") or socket.gethostname()
+
+
 def build_resource(settings: Settings) -> Resource:
+    ranks = rank_attributes()
     attrs: dict[str, object] = {
-        "service.instance.id": str(uuid.uuid4()),
-        "host.name": socket.gethostname(),
-        **rank_attributes(),
+        "service.instance.id": instance_id(ranks),
+        "host.name": host_name(),
+        **ranks,
     }
     if settings.service_name:
         attrs["service.name"] = settings.service_name
@@ -60,3 +117,13 @@ def build_resource(settings: Settings) -> Resource:
     ):
         attrs["service.name"] = DEFAULT_SERVICE_NAME
     return Resource.create(attrs)  # type: ignore[arg-type]
+
+
+def metrics_port(settings: Settings) -> int | None:
+    """The /metrics port of this rank under the ``prometheus_ranks`` policy; None = serve none."""
+    local = local_rank() or 0
+    if settings.prometheus_ranks == "first":
+        return settings.prometheus_port if local == 0 else None
+    if settings.prometheus_ranks == "offset" and settings.prometheus_port != 0:
+        return settings.prometheus_port + local
+    return settings.prometheus_port

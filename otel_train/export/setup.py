@@ -33,7 +33,7 @@ from .bridge import (
     BridgedPrometheusReader,
     HistogramBridge,
 )
-from .resource import build_resource
+from .resource import build_resource, metrics_port
 
 _log = logging.getLogger("otel_train")
 
@@ -187,17 +187,27 @@ def _import_grpc() -> Any:
     return grpc
 
 
-def start_prometheus_server(registry: Any, host: str, port: int) -> tuple[Any, tuple[str, int]]:
+def start_prometheus_server(
+    registry: Any, host: str, port: int, policy: str = "offset"
+) -> tuple[Any, tuple[str, int]]:
     from prometheus_client import start_http_server
 
+    if port > 65535:
+        raise ConfigError(
+            f"otel_train setting 'prometheus_port': base port plus LOCAL_RANK is {port}, past "
+            "65535; choose a lower prometheus_port or prometheus_ranks='first' "
+            "(accepted: 'offset', 'first', 'all')"
+        )
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             raise ConfigError(
                 f"otel_train setting 'prometheus_port': port {port} on {host} is already in "
-                "use; choose another with prometheus_port= or OTEL_TRAIN_PROMETHEUS_PORT "
-                "(0 picks a free port), or turn /metrics off with prometheus=False"
+                f"use (prometheus_ranks={policy!r}); choose another with prometheus_port= or "
+                "OTEL_TRAIN_PROMETHEUS_PORT (0 picks a free port), set prometheus_ranks to "
+                "'offset' (port + LOCAL_RANK) or 'first' (local rank 0 only) when several "
+                "ranks share a node, or turn /metrics off with prometheus=False"
             ) from None
         raise ConfigError(
             f"otel_train setting 'prometheus_host': cannot serve /metrics on {host}:{port}: {err}"
@@ -213,11 +223,12 @@ def _build_own(settings: Settings, version: str) -> Telemetry:
     bridge = HistogramBridge(resource, version)
     readers: list[Any] = []
     server = address = None
-    if settings.prometheus:
+    port = metrics_port(settings) if settings.prometheus else None
+    if port is not None:
         registry = CollectorRegistry(auto_describe=True)
         readers.append(BridgedPrometheusReader(bridge, registry=registry))
         server, address = start_prometheus_server(
-            registry, settings.prometheus_host, settings.prometheus_port
+            registry, settings.prometheus_host, port, settings.prometheus_ranks
         )
     if _otlp_wanted(settings, _METRIC_ENV):
         readers.append(

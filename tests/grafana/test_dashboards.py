@@ -29,6 +29,10 @@ def _build_module() -> Any:
 BUILD = _build_module()
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 CONTRACT_NAMES = {name for m in c.METRICS for name in c.prometheus_names(m)}
+RULE_FILES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+RULES = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+# Series the recording rules write: dashboards may query them like contract metrics.
+RECORDED = {r["record"] for r in RULES if "record" in r}
 
 
 def all_queries(dash: dict[str, Any]) -> list[str]:
@@ -60,8 +64,11 @@ def test_queries_use_only_contract_metric_names(path: Path) -> None:
     for expr in all_queries(dash):
         names = metric_names(expr)
         assert names, f"no metric name found in {expr!r}"
-        unknown = names - CONTRACT_NAMES
-        assert not unknown, f"{path.name}: {sorted(unknown)} are not in the telemetry contract"
+        unknown = names - CONTRACT_NAMES - RECORDED
+        assert not unknown, (
+            f"{path.name}: {sorted(unknown)} are neither in the telemetry contract nor recorded "
+            "by deploy/prometheus/rules"
+        )
         used |= names
     assert used
 
@@ -126,3 +133,37 @@ def test_grafana_opens_on_the_training_dashboard() -> None:
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == "/var/lib/grafana/dashboards/training-overview.json"
     assert (GRAFANA / "dashboards" / Path(home).name).is_file()
+
+
+def rule_metric_names(expr: str) -> set[str]:
+    """Every series name in a rule expression, bare recorded names included."""
+    expr = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", " ", expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)
+    words = re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", expr)
+    keywords = {"and", "or", "unless", "group_left", "group_right"}
+    return {w for w in words if w not in keywords}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.get("record") or r.get("alert"))
+def test_rules_use_only_contract_and_recorded_names(rule: dict[str, Any]) -> None:
+    names = metric_names(rule["expr"]) | rule_metric_names(rule["expr"])
+    assert names
+    unknown = names - CONTRACT_NAMES - RECORDED
+    assert not unknown, f"{sorted(unknown)} are not contract metrics or recorded series"
+
+
+def test_the_straggler_panel_reads_a_recorded_score_and_links_to_jaeger() -> None:
+    dash = json.loads((GRAFANA / "dashboards" / "training-overview.json").read_text())
+    panel = next(p for p in dash["panels"] if p["title"] == "Straggler score by rank")
+    assert BUILD.STRAGGLER_SCORE in RECORDED
+    assert BUILD.STRAGGLER_SCORE in panel["targets"][0]["expr"]
+    alert = next(r for r in RULES if r.get("alert") == "OtelTrainStraggler")
+    assert f"< {BUILD.STRAGGLER_THRESHOLD}" in alert["expr"]
+    (link,) = panel["fieldConfig"]["defaults"]["links"]
+    left = json.loads(link["url"].removeprefix("/explore?left="))
+    assert left["datasource"] == BUILD.JAEGER_UID
+    query = left["queries"][0]
+    assert query["service"] == "${__field.labels.job}"
+    assert query["operation"] == c.STEP_SPAN.name
+    assert f"{c.RANK.key}=${{__field.labels.otel_train_rank}}" in query["tags"]
+    assert f"{c.STEP_SAMPLED_BECAUSE.key}=slowest" in query["tags"]

@@ -21,6 +21,7 @@ BAD = {
     "prometheus": ("maybe", "enabled", "true/false"),
     "prometheus_host": ("", "   ", "host name or IP address"),
     "prometheus_port": (70000, "http", "integer from 0 to 65535"),
+    "prometheus_ranks": ("every", "rank0", "'offset', 'first', 'all'"),
     "metric_export_interval": (0.0, "fast", "number from 0.1 to 3600"),
     "console_every": (-1, "1.5", "integer from 0 to"),
     "console": ("file", "stdout2", "'stderr', 'stdout', 'off'"),

@@ -1,0 +1,137 @@
+"""The straggler rules of deploy/prometheus/rules/stragglers.yml under ``promtool test rules``.
+
+Synthetic histograms of four ranks in synchronous data parallel training: every rank's
+step takes the same time (they meet in the all-reduce); the straggler is slow in one phase
+and the healthy ranks wait for it in ``backward``. promtool evaluates the real rule file
+over 20 minutes of these series and compares the scores and alerts with what the rules'
+definition gives by hand.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from otel_train import contract as c
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "rules" / "stragglers.yml"
+LE = ("0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "+Inf")
+PER_MIN = 60  # observations per minute and series
+
+
+def bucket_series(metric: str, labels: dict[str, str], upper: str) -> list[dict[str, str]]:
+    """Cumulative buckets of a histogram whose observations all fall in (previous, upper]."""
+    out = []
+    for le in LE:
+        inside = LE.index(le) >= LE.index(upper)
+        sel = ", ".join(f'{k}="{v}"' for k, v in {**labels, "le": le}.items())
+        out.append({"series": f"{metric}{{{sel}}}", "values": f"0+{PER_MIN if inside else 0}x20"})
+    return out
+
+
+def median(upper: str) -> float:
+    """histogram_quantile(0.5) of one bucket: the middle of (previous bound, upper]."""
+    i = LE.index(upper)
+    lo = float(LE[i - 1]) if i else 0.0
+    return lo + (float(upper) - lo) / 2
+
+
+def scenario(slow_rank: int, slow_phase: str) -> list[dict[str, str]]:
+    step = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
+    phase = c.prometheus_base_name(c.PHASE_DURATION) + "_bucket"
+    series = []
+    for rank in range(4):
+        base = {"job": "train", "otel_train_rank": str(rank)}
+        series += bucket_series(step, base, "0.25")
+        slow = rank == slow_rank
+        uppers = {
+            "data": "0.1" if slow and slow_phase == "data" else "0.0025",
+            "forward": "0.1" if slow and slow_phase == "forward" else "0.025",
+            "backward": "0.025" if slow else "0.1",  # healthy ranks wait in the all-reduce
+            "optimizer": "0.005",
+        }
+        for name, upper in uppers.items():
+            series += bucket_series(phase, {**base, "phase": name, "clock": "host"}, upper)
+    return series
+
+
+def annotations(rank: int, score: float) -> dict[str, str]:
+    """The alert's annotation templates, filled in as Prometheus's templating would."""
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    alert = next(r for r in rules if r.get("alert") == "OtelTrainStraggler")
+    out = {}
+    for key, text in alert["annotations"].items():
+        text = text.replace('{{ $value | printf "%.2f" }}', f"{score:.2f}")
+        text = text.replace("{{ $labels.otel_train_rank }}", str(rank))
+        out[key] = text.replace("{{ $labels.job }}", "train")
+    return out
+
+
+def run_promtool(stack_bins: Path, tmp_path: Path, tests: list[dict]) -> None:
+    spec = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}
+    path = tmp_path / "stragglers_test.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = subprocess.run(
+        [str(stack_bins / "promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("slow_phase", ["forward", "data"])
+def test_the_slow_rank_scores_lowest_and_alone_fires(
+    stack_bins: Path, tmp_path: Path, slow_phase: str
+) -> None:
+    slow = 2
+    healthy = {"data": median("0.0025"), "forward": median("0.025")}[slow_phase]
+    score = round(healthy / median("0.1"), 6)
+    scores = [
+        {"labels": f'{{job="train", otel_train_rank="{r}"}}', "value": score if r == slow else 1}
+        for r in range(4)
+    ]
+    test = {
+        "interval": "1m",
+        "input_series": scenario(slow, slow_phase),
+        "promql_expr_test": [
+            {
+                "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
+                "eval_time": "15m",
+                "exp_samples": scores,
+            }
+        ],
+        "alert_rule_test": [
+            {"alertname": "OtelTrainStraggler", "eval_time": "8m", "exp_alerts": []},
+            {
+                "alertname": "OtelTrainStraggler",
+                "eval_time": "15m",
+                "exp_alerts": [
+                    {
+                        "exp_labels": {
+                            "severity": "warning",
+                            "job": "train",
+                            "otel_train_rank": str(slow),
+                        },
+                        "exp_annotations": annotations(slow, score),
+                    }
+                ],
+            },
+        ],
+    }
+    run_promtool(stack_bins, tmp_path, [test])
+
+
+def test_no_straggler_no_alert(stack_bins: Path, tmp_path: Path) -> None:
+    test = {
+        "interval": "1m",
+        "input_series": scenario(slow_rank=-1, slow_phase="forward"),
+        "alert_rule_test": [
+            {"alertname": "OtelTrainStraggler", "eval_time": "19m", "exp_alerts": []}
+        ],
+    }
+    run_promtool(stack_bins, tmp_path, [test])
