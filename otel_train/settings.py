@@ -105,6 +105,53 @@ def _endpoint(name: str, value: Any) -> str | None:
     return text
 
 
+MAX_PROFILE_STEPS = 1000
+
+
+def _parse_range(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, str):
+        first, sep, last = value.strip().partition("-")
+        if not first.strip().isdigit() or (sep and not last.strip().isdigit()):
+            return None
+        a = int(first)
+        return a, int(last) if sep else a
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def _step_range(name: str, value: Any) -> tuple[int, int] | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off")):
+        return None
+    steps = _parse_range(value)
+    if steps is None or not 0 <= steps[0] <= steps[1] <= 10**12:
+        raise ConfigError("must be a step range FIRST-LAST (e.g. '10-12'), one step, or 'off'")
+    if steps[1] - steps[0] >= MAX_PROFILE_STEPS:
+        raise ConfigError(f"must cover at most {MAX_PROFILE_STEPS} steps (e.g. '10-12')")
+    return steps
+
+
+def _snapshot_mode(name: str, value: Any) -> str:
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text in ("off", "oom"):
+        return str(text)
+    steps = _parse_range(text) if isinstance(text, str) else None
+    if steps is None or not 0 <= steps[0] <= steps[1] <= 10**12:
+        raise ConfigError("must be 'off', 'oom' or a step range FIRST-LAST (e.g. '10-12')")
+    return f"{steps[0]}-{steps[1]}"
+
+
+def _directory(name: str, value: Any) -> str:
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text.strip() or len(text) > 4096 or "\0" in text:
+        raise ConfigError("must be a directory path (a non-empty string)")
+    return text.strip()
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -238,6 +285,31 @@ class Settings:
     throughput_window: int = field(
         default=20,
         metadata={"parse": _int_range(2, 10**6), "doc": "Steps in the throughput gauge window."},
+    )
+    profile_steps: tuple[int, int] | None = field(
+        default=None,
+        metadata={
+            "parse": _step_range,
+            "doc": "Run torch.profiler over these steps (e.g. '10-12', at most 1000 steps); "
+            "the trace goes to debug_dir and each covered step span gets an "
+            "otel_train.profile event with its path.",
+        },
+    )
+    memory_snapshot: str = field(
+        default="off",
+        metadata={
+            "parse": _snapshot_mode,
+            "doc": "CUDA allocator history: 'oom' (armed; on OutOfMemoryError the snapshot "
+            "is dumped to debug_dir and linked from the failing phase span), a step range "
+            "'10-12' (dumped when the range ends), or 'off'. Needs CUDA.",
+        },
+    )
+    debug_dir: str = field(
+        default="otel-train-debug",
+        metadata={
+            "parse": _directory,
+            "doc": "Directory for profiler traces and memory snapshots.",
+        },
     )
 
     @classmethod

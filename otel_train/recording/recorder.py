@@ -21,7 +21,7 @@ import logging
 import threading
 import traceback
 from time import perf_counter_ns
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -29,6 +29,9 @@ from ..settings import Settings
 from .device import EventPool
 from .memory import CudaMemoryTracker
 from .resolved import HOST_PHASES
+
+if TYPE_CHECKING:
+    from .debug_hooks import DebugHooks
 
 _log = logging.getLogger("otel_train")
 
@@ -158,6 +161,7 @@ class Recorder:
         self.dropped_scalars = 0
         self._failed_once = False
         self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
+        self.debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
         if settings.device_timing == "cuda" and not torch.cuda.is_available():
             from ..settings import ConfigError
 
@@ -220,6 +224,8 @@ class Recorder:
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
             self.current_step = step
+            if self.debug is not None:
+                self.debug.step_started(step.index)
             return step
         except Exception:
             self._fail()
@@ -259,6 +265,8 @@ class Recorder:
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
         self.current_step = None
+        if self.debug is not None:
+            self.debug.step_ended(step.index)
         pending = self.pending
         if len(pending) >= self.max_pending:
             try:
@@ -365,6 +373,8 @@ class Recorder:
                 memory = (entry[6], entry[7], r - entry[8], o - entry[9])
             stack.pop()
             error = describe_exception(exc_type, exc) if exc_type is not None else None
+            if error is not None and self.debug is not None:
+                error += (self.debug.phase_error(exc),)  # the OOM snapshot's path, if any
             if step.closed:
                 # The step ended (another thread or an adapter) while this phase ran.
                 self.dropped_phases += 1
