@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ class ConfigError(ValueError):
 
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
-        text = str(value).strip().lower() if isinstance(value, str) else value
+        text = value.strip().lower() if isinstance(value, str) else None
         if text not in allowed:
             raise ConfigError(f"must be one of {', '.join(repr(a) for a in allowed)}")
         return str(text)
@@ -51,11 +52,11 @@ def _bool(name: str, value: Any) -> bool:
 
 def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
     def parse(name: str, value: Any) -> int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise ConfigError(f"must be an integer from {lo} to {hi}")
         try:
             number = int(value.strip()) if isinstance(value, str) else int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"must be an integer from {lo} to {hi}") from None
         if isinstance(value, float) and value != number:
             raise ConfigError(f"must be an integer from {lo} to {hi}")
@@ -68,11 +69,11 @@ def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
 
 def _float_range(lo: float, hi: float) -> Callable[[str, Any], float]:
     def parse(name: str, value: Any) -> float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
         try:
             number = float(value.strip()) if isinstance(value, str) else float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}") from None
         if not lo <= number <= hi:  # also rejects NaN
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
@@ -111,7 +112,7 @@ MAX_PROFILE_STEPS = 1000
 def _parse_range(value: Any) -> tuple[int, int] | None:
     if isinstance(value, str):
         first, sep, last = value.strip().partition("-")
-        if not first.strip().isdigit() or (sep and not last.strip().isdigit()):
+        if not _digits(first) or (sep and not _digits(last)):
             return None
         a = int(first)
         return a, int(last) if sep else a
@@ -122,6 +123,11 @@ def _parse_range(value: Any) -> tuple[int, int] | None:
     ):
         return int(value[0]), int(value[1])
     return None
+
+
+def _digits(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit()
 
 
 def _step_range(name: str, value: Any) -> tuple[int, int] | None:

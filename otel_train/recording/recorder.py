@@ -44,6 +44,7 @@ MAX_NAME = 128
 MAX_MESSAGE = 1024
 MAX_STACK = 8192
 MAX_SCALAR_NAMES = 256
+_INT64_MAX = 2**63 - 1
 
 
 class OpenStep:
@@ -173,10 +174,11 @@ class Recorder:
     # -- public scopes -------------------------------------------------------------
 
     def phase(self, name: str) -> PhaseScope:
-        scope = self._scopes.get(name)
+        # Only str names are cached: others may be unhashable, or objects we must not keep.
+        scope = self._scopes.get(name) if name.__class__ is str else None
         if scope is None:
             scope = PhaseScope(self, _clean_name(name))
-            if len(self._scopes) < 10_000:
+            if name.__class__ is str and len(self._scopes) < 10_000:
                 self._scopes[name] = scope
         return scope
 
@@ -511,31 +513,36 @@ def _clean_name(name: Any) -> str:
 
 
 def _count(value: Any) -> int | None:
+    """A sample/token count, or None: never a device read, never beyond int64 (OTLP)."""
     if value is None:
         return None
+    if isinstance(value, torch.Tensor) and (value.device.type != "cpu" or value.numel() != 1):
+        return None  # int() of a CUDA tensor would synchronise; meta tensors hold no value
     try:
         number = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:
         return None
-    return number if number >= 0 else None
+    return number if 0 <= number <= _INT64_MAX else None
 
 
 def _scalar_value(value: Any, events: EventPool) -> Any:
     """A float, or ``(pinned CPU tensor, event)`` being filled from the device (no sync)."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+    if type(value) is float:
+        return value
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
+        if value.numel() != 1 or value.is_complex() or value.is_meta:
             return None
         t = value.detach()
         if t.is_cuda:
             host = torch.empty((), dtype=torch.float64, pin_memory=True)
             host.copy_(t.reshape(()), non_blocking=True)
             return (host, events.record())
-        return float(t.item())
+        if t.device.type != "cpu":
+            return None  # other devices (mps, xla, ...) would be read synchronously
+        value = t.item()
     try:
         return float(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # complex, huge ints, strings: not a scalar we can chart
         return None
