@@ -40,9 +40,12 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     rec = None
     try:
         for adapter in _ACTIVE:
-            if adapter.rec.enabled and adapter.rec.current_step is not None:
+            if adapter.rec.enabled and (
+                adapter.rec.current_step is not None or getattr(adapter, "compiled", False)
+            ):
                 rec = adapter.rec
-                rec.transition("forward", "backward")
+                # A compiled forward opened no step (see forward_pre_hook): backward does.
+                rec.transition("forward", "backward", begin=ADAPTER)
                 break
     except Exception:  # telemetry never raises into training
         _log.exception("otel-train: timing backward failed")
@@ -207,6 +210,7 @@ class TorchLoopAdapter:
         self.counter = counter or count_batch
         self.active = True
         self.has_loader = False
+        self.compiled = False  # the model was compiled after instrument(): hooks traced
 
     def count(self, batch: Any) -> None:
         step = self.rec.current_step
@@ -229,6 +233,12 @@ class TorchLoopAdapter:
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not self.active or not module.training or not torch.is_grad_enabled():
+            return
+        if torch.compiler.is_compiling():
+            # torch.compile traced this hook (the model was compiled after instrument()):
+            # a clock read here would be a graph break. Dynamo replays this attribute write
+            # after each compiled call, so backward knows to open the step instead.
+            self.compiled = True
             return
         try:
             rec = self.rec
