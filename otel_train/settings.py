@@ -55,7 +55,7 @@ def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
         if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise ConfigError(f"must be an integer from {lo} to {hi}")
         try:
-            number = int(value.strip()) if isinstance(value, str) else int(value)
+            number = int(value.strip()) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
         except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"must be an integer from {lo} to {hi}") from None
         if isinstance(value, float) and value != number:

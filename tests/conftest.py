@@ -1,8 +1,8 @@
 """Shared test setup: one otel-train session per test, and the `gpu` marker.
 
 Every test ends with ``otel_train.shutdown()`` so no session, hook or patch leaks
-into the next one. Hypothesis runs under a fixed budget (profile ``ci``). Tests marked ``gpu`` are skipped, with the reason, when CUDA is
-not available.
+into the next one. Hypothesis runs under a fixed budget (profile ``ci``). Tests marked
+``gpu`` are skipped, with the reason, when CUDA is not available.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 import otel_train
-
 
 # Property tests run with a fixed budget and a fixed seed in CI ("ci", the default);
 # HYPOTHESIS_PROFILE=dev searches longer and randomly when hunting for bugs locally.

@@ -129,3 +129,23 @@ def test_dynamo_explain_finds_no_break_in_an_instrumented_module() -> None:
     explanation = torch._dynamo.explain(model)(torch.randn(4, 8))
     assert explanation.graph_break_count == 0
     assert explanation.graph_count == 1
+
+
+def test_inductor_compiles_once_with_otel_train_on() -> None:
+    """The real backend (CPU inductor, ~25 s on a cold cache): one graph, no break, and
+    nothing compiled again after the first step."""
+    model, opt = model_and_optimizer()
+    tel = InMemoryTelemetry()
+    otel_train.instrument(model, optimizer=opt, **providers(tel), console="off")
+    compiled = torch.compile(model)
+    graphs = []
+    for x, y in tiny_loader(n=8 * 4):
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        graphs.append((counters["stats"]["unique_graphs"], counters["frames"]["total"]))
+    otel_train.shutdown()
+    assert graphs == [graphs[0]] * 4 and graphs[0][0] == 1
+    assert counters["graph_break"] == {}
+    assert step_count(tel) >= 1
