@@ -1,11 +1,14 @@
 """A CUDA memory snapshot: allocator history over a window of steps, or armed for OOM.
 
 While armed, ``torch.cuda.memory._record_memory_history`` keeps the last
-``max_entries`` allocator events with their Python stacks. On
-``torch.cuda.OutOfMemoryError`` the snapshot is dumped to ``directory`` and its path
-added as an event to the failing span; the error then continues to your code
-unchanged. A window (steps ``first`` to ``last``) dumps once when ``last`` ends. Open
-the pickle at https://pytorch.org/memory_viz.
+``max_entries`` allocator events with their Python stacks. On an out-of-memory error
+the allocator's OOM observer dumps the snapshot to ``directory`` at the failed
+allocation (wherever it happens, a phase or not); the path is then added as an event to
+the failing span (otel-train's innermost phase, or the span current around
+``guard()``) and the error continues to your code unchanged. At most ``max_dumps`` OOM
+snapshots are written per process (loops that catch OOMs and retry smaller would
+otherwise write one each time). A window (steps ``first`` to ``last``) dumps once when
+``last`` ends. Open the pickle at https://pytorch.org/memory_viz.
 
 Standalone usage (imports only torch and the OTel API)::
 
@@ -33,6 +36,8 @@ import torch
 from opentelemetry import trace
 
 _log = logging.getLogger("otel_train")
+_armed: MemorySnapshot | None = None  # the instance the process-wide OOM observer dumps for
+_observer_attached = False
 
 # Mirror otel_train.contract.MEMORY_SNAPSHOT_EVENT and its attributes (a test keeps them equal).
 SNAPSHOT_EVENT = "otel_train.memory_snapshot"
@@ -58,6 +63,8 @@ class MemorySnapshot:
         steps: tuple[int, int] | None = None,
         on_oom: bool = True,
         max_entries: int = 100_000,
+        stacks: str = "python",
+        max_dumps: int = 5,
     ) -> None:
         if steps is not None and (steps[0] < 0 or steps[1] < steps[0]):
             raise ValueError(f"steps must be (first, last) with 0 <= first <= last, got {steps}")
@@ -65,6 +72,10 @@ class MemorySnapshot:
         self.steps = steps
         self.on_oom = on_oom
         self.max_entries = max_entries
+        self.stacks = stacks  # "python" is cheaper per allocation than "all" (C++ frames too)
+        self.max_dumps = max_dumps
+        self._oom_dumps = 0
+        self._pending_oom: str | None = None  # dumped by the observer, not yet linked
         self.recording = False
         self.failed = False
         self.paths: list[str] = []  # every snapshot written, in order
@@ -80,14 +91,21 @@ class MemorySnapshot:
         try:
             if not (torch.cuda.is_available() and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
                 return False
-            torch.cuda.memory._record_memory_history(max_entries=self.max_entries)
+            torch.cuda.memory._record_memory_history(
+                max_entries=self.max_entries,
+                stacks=self.stacks,
+            )
             self.recording = True
+            _attach_observer(self)
         except Exception:
             self._fail()
         return self.recording
 
     def close(self) -> None:
         """Stop recording (no dump)."""
+        global _armed
+        if _armed is self:
+            _armed = None
         if not self.recording:
             return
         self.recording = False
@@ -138,14 +156,33 @@ class MemorySnapshot:
 
     # -- out of memory ---------------------------------------------------------------------
 
+    def observed_oom(self) -> None:
+        """The allocator's OOM observer calls this at the failed allocation."""
+        self._pending_oom = None  # an earlier OOM no handler saw must not be linked here
+        if self.recording and self._dump_allowed():
+            self._oom_dumps += 1
+            self._pending_oom = self.dump("oom")
+
+    def _dump_allowed(self) -> bool:
+        if self._oom_dumps < self.max_dumps:
+            return True
+        if self._oom_dumps == self.max_dumps:
+            self._oom_dumps += 1
+            _log.warning("otel-train: %d OOM snapshots written; no more", self.max_dumps)
+        return False
+
     def handle_error(self, exc: BaseException | None) -> str | None:
-        """On a CUDA OOM (once per error, at its innermost handler) dump; returns the path."""
-        if not isinstance(exc, torch.cuda.OutOfMemoryError) or not self.recording:
+        """The snapshot path for a CUDA OOM, once per error (its innermost handler)."""
+        if not isinstance(exc, torch.cuda.OutOfMemoryError):
             return None
         if self._last_oom == id(exc):
-            return None  # an enclosing phase sees the same error: the dump is already there
+            return None  # an enclosing phase sees the same error: it is linked already
         self._last_oom = id(exc)
-        return self.dump("oom")
+        path, self._pending_oom = self._pending_oom, None
+        if path is None and self.recording and self._dump_allowed():
+            self._oom_dumps += 1  # no observer in this torch build: dump now
+            path = self.dump("oom")
+        return path
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -175,3 +212,26 @@ class MemorySnapshot:
             self.recording = False
             with suppress(Exception):
                 torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _attach_observer(snapshot: MemorySnapshot) -> None:
+    """Route the allocator's OOM observer (process-wide, cannot be removed) to ``snapshot``."""
+    global _armed, _observer_attached
+    _armed = snapshot
+    if _observer_attached:
+        return
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        return  # handle_error() dumps when the error reaches a phase or guard()
+    attach(_observe_oom)
+    _observer_attached = True
+
+
+def _observe_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    # Runs inside the allocator, just before OutOfMemoryError is raised: never raise here.
+    try:
+        snapshot = _armed
+        if snapshot is not None:
+            snapshot.observed_oom()
+    except Exception:
+        _log.exception("otel-train: dumping the memory snapshot at an OOM failed")

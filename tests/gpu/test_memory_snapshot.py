@@ -160,3 +160,31 @@ def test_guard_without_otel_train(capped: torch.device, tmp_path: Path) -> None:
     (event,) = snapshot_events(span)
     assert event.attributes[PATH_KEY] == snap.paths[0]
     assert saw_oom(load(snap.paths[0]))
+
+
+def test_oom_outside_any_phase_is_dumped_by_the_observer(
+    capped: torch.device, tmp_path: Path
+) -> None:
+    """An OOM inside optimizer.step() (no phase exit runs) still leaves a snapshot."""
+    snap = MemorySnapshot(tmp_path)
+    assert snap.start()
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        too_big(capped)
+    snap.close()
+    (path,) = snap.paths
+    assert saw_oom(load(path))
+
+
+def test_oom_dumps_are_bounded_per_process(capped: torch.device, tmp_path: Path) -> None:
+    """A loop that catches OOMs and retries writes at most max_dumps snapshots."""
+    snap = MemorySnapshot(tmp_path, max_dumps=2)
+    assert snap.start()
+    linked = []
+    for _ in range(4):
+        try:
+            too_big(capped)
+        except torch.cuda.OutOfMemoryError as err:
+            linked.append(snap.handle_error(err))
+    snap.close()
+    assert len(list(tmp_path.iterdir())) == 2
+    assert linked[:2] == snap.paths and linked[2:] == [None, None]
