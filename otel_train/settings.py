@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,10 +94,14 @@ def _optional_str(name: str, value: Any) -> str | None:
     return text or None
 
 
+_HOST = re.compile(r"[A-Za-z0-9._:%-]+")  # names, IPv4, IPv6 (with a zone): ASCII only
+
+
 def _host(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+    text = value.strip() if isinstance(value, str) else ""
+    if not _HOST.fullmatch(text) or len(text) > 255:
         raise ConfigError("must be a host name or IP address, for example '127.0.0.1'")
-    return value.strip()
+    return text
 
 
 def _endpoint(name: str, value: Any) -> str | None:

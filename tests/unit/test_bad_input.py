@@ -328,3 +328,25 @@ def test_rejected_values_fail_at_instrument_before_anything_is_attached(
     assert f"'{name}'" in str(raised.value)
     assert not model._forward_pre_hooks and not opt._optimizer_step_pre_hooks
     assert otel_train.session.current() is None
+
+
+@given(name=st.sampled_from(NAMES), value=st.one_of(anything, env_values))
+def test_accepted_values_start_a_session_or_fail_with_config_error(name: str, value: Any) -> None:
+    """A value the parser accepts may still be impossible here (a port in use, CUDA
+    absent): that too is one ConfigError at instrument(), never another exception."""
+    if isinstance(resolve_or_config_error({name: value}, {}), ConfigError):
+        return
+    quiet = {"console": "off", "prometheus_port": 0, "shutdown_timeout": 0.5}
+    settings = {k: v for k, v in quiet.items() if k != name} | {name: value}
+    model = torch.nn.Linear(2, 2)
+    try:
+        inst = otel_train.instrument(model, **settings)
+    except ConfigError as err:
+        assert f"'{name}'" in str(err)
+        assert not model._forward_pre_hooks and otel_train.session.current() is None
+        return
+    try:
+        assert inst.active and model._forward_pre_hooks
+        model(torch.randn(1, 2))
+    finally:
+        assert otel_train.shutdown(0.5) in (True, False)
