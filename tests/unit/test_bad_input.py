@@ -350,3 +350,43 @@ def test_accepted_values_start_a_session_or_fail_with_config_error(name: str, va
         model(torch.randn(1, 2))
     finally:
         assert otel_train.shutdown(0.5) in (True, False)
+
+
+class Loop:
+    """An RL-loop-shaped target for phases= maps."""
+
+    def rollout(self) -> int:
+        return 1
+
+    def train(self) -> int:
+        return 2
+
+
+method_names = st.sampled_from(["rollout", "train", "missing", ""])
+phase_maps = st.one_of(
+    anything,
+    st.dictionaries(
+        st.one_of(st.text(max_size=200), st.integers()),
+        st.one_of(method_names, st.lists(method_names, max_size=3), anything),
+        max_size=3,
+    ),
+    st.lists(st.one_of(method_names, anything), max_size=3),
+)
+
+
+@given(phases=phase_maps, step=st.one_of(st.none(), method_names, anything))
+def test_any_phase_map_is_attached_or_refused_clearly(phases: Any, step: Any) -> None:
+    loop = Loop()
+    before = dict(vars(loop))
+    tel = InMemoryTelemetry()
+    try:
+        otel_train.instrument(loop, phases=phases, step=step, **providers(tel), console="off")
+    except (ConfigError, TypeError) as err:
+        assert str(err).startswith("otel_train.instrument()"), err
+        assert vars(loop) == before  # nothing patched
+        return
+    try:
+        assert loop.rollout() == 1 and loop.train() == 2  # results pass through
+    finally:
+        otel_train.shutdown()
+    assert vars(loop) == before  # shutdown restored the instance exactly
