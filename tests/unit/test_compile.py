@@ -123,6 +123,25 @@ def test_compiling_an_instrumented_model(with_loader: bool) -> None:
     assert phase_names(tel) == wanted
 
 
+def test_module_compile_in_place_after_instrument() -> None:
+    """``model.compile()`` compiles ``_call_impl`` with our hooks in it, like torch.compile."""
+    expected, _ = baseline()
+    model, opt = model_and_optimizer()
+    tel = InMemoryTelemetry()
+    loader = tiny_loader(n=8 * STEPS)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, **providers(tel), console="off",
+        trace_steps="all",
+    )  # fmt: skip
+    backend = CompileCounter()
+    model.compile(backend=backend)
+    model._otel_test_backend = backend  # type: ignore[assignment]
+    seen = train(model, opt, loader)
+    otel_train.shutdown()
+    assert seen == expected
+    assert step_count(tel) == STEPS
+
+
 def test_dynamo_explain_finds_no_break_in_an_instrumented_module() -> None:
     model, opt = model_and_optimizer()
     otel_train.instrument(model, optimizer=opt, **providers(InMemoryTelemetry()), console="off")

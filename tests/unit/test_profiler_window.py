@@ -180,3 +180,13 @@ def test_components_work_without_the_rest_of_otel_train(tmp_path: Path) -> None:
         [result["path"]],
         [],
     ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+@pytest.mark.parametrize("mode", ["oom", "3-5"])
+def test_memory_snapshot_without_cuda_is_a_config_error_at_instrument(mode: str) -> None:
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(otel_train.ConfigError) as raised:
+        otel_train.instrument(model, **providers(InMemoryTelemetry()), memory_snapshot=mode)
+    assert "'memory_snapshot'" in str(raised.value) and "CUDA is not available" in str(raised.value)
+    assert not model._forward_pre_hooks and otel_train.session.current() is None
