@@ -305,9 +305,19 @@ env_values = st.one_of(
 )  # fmt: skip
 
 
-@given(name=st.sampled_from(NAMES), value=env_values)
-def test_any_environment_value_resolves_or_names_the_variable(name: str, value: str) -> None:
-    variable = ENV_PREFIX + name.upper()
+# (setting, variable): every OTEL_TRAIN_* one and the standard OTEL_* ones we read.
+VARIABLES = (
+    [(n, ENV_PREFIX + n.upper()) for n in NAMES]
+    + [(f.name, f.metadata["std_env"]) for f in FIELDS.values() if f.metadata.get("std_env")]
+    + [("metric_export_interval", "OTEL_METRIC_EXPORT_INTERVAL")]
+)
+
+
+@given(setting=st.sampled_from(VARIABLES), value=env_values)
+def test_any_environment_value_resolves_or_names_the_variable(
+    setting: tuple[str, str], value: str
+) -> None:
+    name, variable = setting
     result = resolve_or_config_error({}, {variable: value})
     if isinstance(result, ConfigError):
         assert f"'{name}'" in str(result) and variable in str(result)
