@@ -69,6 +69,7 @@ class ProfilerWindow:
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
+        link_current_span: bool = True,
     ) -> None:
         if first < 0 or last < first:
             raise ValueError(f"need 0 <= first <= last, got first={first} last={last}")
@@ -88,6 +89,9 @@ class ProfilerWindow:
             "with_stack": with_stack,
         }
         self._profiler: Any = None
+        # Add the event to the span current at each covered step's start (standalone use);
+        # otel-train builds its spans after the fact and asks events_for() instead.
+        self.link_current_span = link_current_span
         self.done = False  # the trace was written (or the window failed): nothing more to do
         self.written = False
 
@@ -104,10 +108,11 @@ class ProfilerWindow:
                 profiler = torch.profiler.profile(**self._options)
                 profiler.start()
                 self._profiler = profiler
-            span = trace.get_current_span()
-            if span.is_recording():
-                name, attributes = self.event()
-                span.add_event(name, attributes)
+            if self.link_current_span:
+                span = trace.get_current_span()
+                if span.is_recording():
+                    name, attributes = self.event()
+                    span.add_event(name, attributes)
         except Exception:
             self._fail()
 

@@ -98,7 +98,7 @@ def build_debug_hooks(settings: Settings) -> DebugHooks | None:
     profiler = None
     if settings.profile_steps is not None:
         first, last = settings.profile_steps
-        profiler = ProfilerWindow(first, last, settings.debug_dir)
+        profiler = ProfilerWindow(first, last, settings.debug_dir, link_current_span=False)
     snapshot = None
     mode = settings.memory_snapshot
     if mode != "off":

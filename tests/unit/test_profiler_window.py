@@ -190,3 +190,17 @@ def test_memory_snapshot_without_cuda_is_a_config_error_at_instrument(mode: str)
         otel_train.instrument(model, **providers(InMemoryTelemetry()), memory_snapshot=mode)
     assert "'memory_snapshot'" in str(raised.value) and "CUDA is not available" in str(raised.value)
     assert not model._forward_pre_hooks and otel_train.session.current() is None
+
+
+def test_under_otel_train_only_its_step_spans_carry_the_link(tmp_path: Path) -> None:
+    tel = InMemoryTelemetry()
+    otel_train.configure(
+        **providers(tel), console="off", profile_steps="1", debug_dir=str(tmp_path)
+    )
+    user_tracer = tel.tracer_provider.get_tracer("user")
+    with user_tracer.start_as_current_span("user-epoch"):
+        run_steps(3)
+    otel_train.shutdown()
+    (user_span,) = [s for s in tel.spans() if s.name == "user-epoch"]
+    assert not profile_events(user_span)
+    assert profile_events(step_spans(tel)[1])
