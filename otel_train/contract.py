@@ -73,7 +73,8 @@ STEP_SAMPLED_BECAUSE = AttributeSpec(
     "otel_train.step.sampled_because",
     "string",
     "",
-    "Why this step became a trace: all, slowest, error or first.",
+    "Why this step became a trace: all, slowest, error, first or debug (a profiled step "
+    "or the end of a memory-snapshot window).",
 )
 STEP_THROUGHPUT_SAMPLES = AttributeSpec(
     "otel_train.step.throughput.samples", "double", "{sample}/s", "Samples / host step time."
@@ -182,6 +183,46 @@ OOM_EVENT_ATTRIBUTES = (
     AttributeSpec("otel_train.memory.reserved", "int", "By", "Bytes reserved at the OOM."),
     AttributeSpec("otel_train.memory.device_total", "int", "By", "Total device memory."),
 )
+
+PROFILE_EVENT = "otel_train.profile"
+PROFILE_EVENT_ATTRIBUTES = (
+    AttributeSpec(
+        "otel_train.profile.path",
+        "string",
+        "",
+        "Absolute path of the torch.profiler trace (Chrome trace JSON) covering this step.",
+    ),
+    AttributeSpec("otel_train.profile.first_step", "int", "", "First step the trace covers."),
+    AttributeSpec("otel_train.profile.last_step", "int", "", "Last step the trace covers."),
+)
+MEMORY_SNAPSHOT_PATH = AttributeSpec(
+    "otel_train.memory_snapshot.path",
+    "string",
+    "",
+    "Absolute path of the CUDA memory snapshot (pickle; open at pytorch.org/memory_viz).",
+)
+MEMORY_SNAPSHOT_REASON = AttributeSpec(
+    "otel_train.memory_snapshot.reason",
+    "string",
+    "",
+    "oom (dumped at an OutOfMemoryError) or window (the end of a step window).",
+)
+MEMORY_SNAPSHOT_EVENT = "otel_train.memory_snapshot"
+MEMORY_SNAPSHOT_EVENT_ATTRIBUTES = (MEMORY_SNAPSHOT_PATH, MEMORY_SNAPSHOT_REASON)
+
+# Span events other than `exception`: name -> (where it appears, attributes).
+EVENTS: dict[str, tuple[str, tuple[AttributeSpec, ...]]] = {
+    OOM_EVENT: ("Phase span, on a CUDA out-of-memory error.", OOM_EVENT_ATTRIBUTES),
+    PROFILE_EVENT: (
+        "Step span of every step the profiler window covers (`profile_steps`).",
+        PROFILE_EVENT_ATTRIBUTES,
+    ),
+    MEMORY_SNAPSHOT_EVENT: (
+        "The failing phase span when a CUDA OOM was dumped (`memory_snapshot='oom'`), or the "
+        "step span of a snapshot window's last step.",
+        MEMORY_SNAPSHOT_EVENT_ATTRIBUTES,
+    ),
+}
 
 STEP_SPAN = SpanSpec(
     "otel_train.step",
@@ -438,10 +479,11 @@ def render_markdown() -> str:
     out += ["### Phase names from the adapters", "", "| phase | what it covers |", "|---|---|"]
     for name, what in ADAPTER_PHASES.items():
         out.append(f"| `{name}` | {what} |")
-    out += ["", f"### Event `{OOM_EVENT}`", "", "| attribute | type | unit | description |"]
-    out.append("|---|---|---|---|")
-    for a in OOM_EVENT_ATTRIBUTES:
-        out.append(f"| `{a.key}` | {a.type} | `{a.unit}` | {a.description} |")
+    for event, (where, attributes) in EVENTS.items():
+        out += ["", f"### Event `{event}`", "", where, ""]
+        out += ["| attribute | type | unit | description |", "|---|---|---|---|"]
+        for a in attributes:
+            out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
     out += ["", "## Resource attributes", "", "Set when otel-train builds the SDK itself.", ""]
     out += ["| attribute | type | description |", "|---|---|---|"]
     for a in RESOURCE_ATTRIBUTES:

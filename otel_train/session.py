@@ -19,6 +19,7 @@ from .export.resource import rank
 from .export.setup import Telemetry, build_telemetry
 from .recording.aggregate import MetricsAggregator
 from .recording.console import ConsoleReporter
+from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
 from .recording.instruments import Publisher
 from .recording.recorder import Recorder
@@ -45,6 +46,7 @@ class Session:
         self.settings = settings
         self.given_providers = (tracer_provider, meter_provider)
         self.recorder = Recorder(settings)
+        self.recorder.debug = debug = build_debug_hooks(settings)
         self.telemetry: Telemetry = build_telemetry(
             settings, tracer_provider, meter_provider, __version__
         )
@@ -67,12 +69,16 @@ class Session:
         if t.tracer_provider is not None and settings.trace_steps != "none":
             tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, __version__)
             emitter = SpanEmitter(tracer, rank(), now_offset_ns())
+            if debug is not None:
+                emitter.step_events = debug.step_events
         sampler = StepSampler(
             settings.trace_steps,
             settings.trace_window,
             settings.trace_window_seconds,
             settings.trace_slowest,
         )
+        if debug is not None:
+            sampler.always = debug.wants_trace
         console = ConsoleReporter(settings.console_every, settings.console)
         self.worker = Worker(
             self.recorder,
@@ -112,6 +118,8 @@ class Session:
         rec = self.recorder
         if rec.current_step is not None and rec.enabled:
             rec.end_step(rec.current_step.mode)
+        if rec.debug is not None:
+            rec.debug.close()  # a profiler window cut short still writes its trace
         # Half the budget for resolving and emitting, the rest for the exporters.
         self.worker.stop(time.monotonic() + budget / 2)
         rec.enabled = False

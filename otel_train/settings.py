@@ -15,7 +15,9 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,7 @@ class ConfigError(ValueError):
 
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
-        text = str(value).strip().lower() if isinstance(value, str) else value
+        text = value.strip().lower() if isinstance(value, str) else None
         if text not in allowed:
             raise ConfigError(f"must be one of {', '.join(repr(a) for a in allowed)}")
         return str(text)
@@ -51,11 +53,11 @@ def _bool(name: str, value: Any) -> bool:
 
 def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
     def parse(name: str, value: Any) -> int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise ConfigError(f"must be an integer from {lo} to {hi}")
         try:
-            number = int(value.strip()) if isinstance(value, str) else int(value)
-        except (TypeError, ValueError):
+            number = int(value.strip()) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"must be an integer from {lo} to {hi}") from None
         if isinstance(value, float) and value != number:
             raise ConfigError(f"must be an integer from {lo} to {hi}")
@@ -68,11 +70,11 @@ def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
 
 def _float_range(lo: float, hi: float) -> Callable[[str, Any], float]:
     def parse(name: str, value: Any) -> float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
         try:
             number = float(value.strip()) if isinstance(value, str) else float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}") from None
         if not lo <= number <= hi:  # also rejects NaN
             raise ConfigError(f"must be a number from {lo:g} to {hi:g}")
@@ -92,10 +94,14 @@ def _optional_str(name: str, value: Any) -> str | None:
     return text or None
 
 
+_HOST = re.compile(r"[A-Za-z0-9._:%-]+")  # names, IPv4, IPv6 (with a zone): ASCII only
+
+
 def _host(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+    text = value.strip() if isinstance(value, str) else ""
+    if not _HOST.fullmatch(text) or len(text) > 255:
         raise ConfigError("must be a host name or IP address, for example '127.0.0.1'")
-    return value.strip()
+    return text
 
 
 def _endpoint(name: str, value: Any) -> str | None:
@@ -103,6 +109,58 @@ def _endpoint(name: str, value: Any) -> str | None:
     if text is not None and not text.startswith(("http://", "https://")):
         raise ConfigError("must be a URL starting with http:// or https://")
     return text
+
+
+MAX_PROFILE_STEPS = 1000
+
+
+def _parse_range(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, str):
+        first, sep, last = value.strip().partition("-")
+        if not _digits(first) or (sep and not _digits(last)):
+            return None
+        a = int(first)
+        return a, int(last) if sep else a
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def _digits(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit()
+
+
+def _step_range(name: str, value: Any) -> tuple[int, int] | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off")):
+        return None
+    steps = _parse_range(value)
+    if steps is None or not 0 <= steps[0] <= steps[1] <= 10**12:
+        raise ConfigError("must be a step range FIRST-LAST (e.g. '10-12'), one step, or 'off'")
+    if steps[1] - steps[0] >= MAX_PROFILE_STEPS:
+        raise ConfigError(f"must cover at most {MAX_PROFILE_STEPS} steps (e.g. '10-12')")
+    return steps
+
+
+def _snapshot_mode(name: str, value: Any) -> str:
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text in ("off", "oom"):
+        return str(text)
+    steps = _parse_range(text) if isinstance(text, str) else None
+    if steps is None or not 0 <= steps[0] <= steps[1] <= 10**12:
+        raise ConfigError("must be 'off', 'oom' or a step range FIRST-LAST (e.g. '10-12')")
+    return f"{steps[0]}-{steps[1]}"
+
+
+def _directory(name: str, value: Any) -> str:
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text.strip() or len(text) > 4096 or "\0" in text:
+        raise ConfigError("must be a directory path (a non-empty string)")
+    return text.strip()
 
 
 def _shown(value: Any) -> str:
@@ -246,6 +304,31 @@ class Settings:
     throughput_window: int = field(
         default=20,
         metadata={"parse": _int_range(2, 10**6), "doc": "Steps in the throughput gauge window."},
+    )
+    profile_steps: tuple[int, int] | None = field(
+        default=None,
+        metadata={
+            "parse": _step_range,
+            "doc": "Run torch.profiler over these steps (e.g. '10-12', at most 1000 steps); "
+            "the trace goes to debug_dir and each covered step span gets an "
+            "otel_train.profile event with its path.",
+        },
+    )
+    memory_snapshot: str = field(
+        default="off",
+        metadata={
+            "parse": _snapshot_mode,
+            "doc": "CUDA allocator history: 'oom' (armed; on OutOfMemoryError the snapshot "
+            "is dumped to debug_dir and linked from the failing phase span), a step range "
+            "'10-12' (dumped when the range ends), or 'off'. Needs CUDA.",
+        },
+    )
+    debug_dir: str = field(
+        default="otel-train-debug",
+        metadata={
+            "parse": _directory,
+            "doc": "Directory for profiler traces and memory snapshots.",
+        },
     )
 
     @classmethod

@@ -1,18 +1,37 @@
 """Shared test setup: one otel-train session per test, and the `gpu` marker.
 
 Every test ends with ``otel_train.shutdown()`` so no session, hook or patch leaks
-into the next one. Tests marked ``gpu`` are skipped, with the reason, when CUDA is
-not available.
+into the next one. Hypothesis runs under a fixed budget (profile ``ci``). Tests marked
+``gpu`` are skipped, with the reason, when CUDA is not available.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 import otel_train
+
+# Property tests run with a fixed budget and a fixed seed in CI ("ci", the default);
+# HYPOTHESIS_PROFILE=dev searches longer and randomly when hunting for bugs locally.
+hypothesis_settings.register_profile(
+    "ci",
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+hypothesis_settings.register_profile(
+    "dev", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def cuda_available() -> bool:

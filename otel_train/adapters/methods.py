@@ -36,7 +36,15 @@ def validate(target: Any, phases: Any, step: Any) -> dict[str, tuple[str, ...]]:
                 f"otel_train.instrument(): phase names must be non-empty strings of at most 128 "
                 f"characters; got {phase!r}"
             )
-        names = (methods,) if isinstance(methods, str) else tuple(methods)
+        if isinstance(methods, str):
+            names: tuple[Any, ...] = (methods,)
+        elif isinstance(methods, (list, tuple)) and methods:
+            names = tuple(methods)
+        else:
+            raise ConfigError(
+                f"otel_train.instrument(): phases[{phase!r}] must be a method name or a "
+                f"non-empty list of method names; got {methods!r}"[:300]
+            )
         for name in names:
             _check_method(target, name, f"phases[{phase!r}]")
             if name in seen:

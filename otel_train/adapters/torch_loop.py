@@ -32,6 +32,8 @@ from .base import Instrumentation, count_batch
 _ACTIVE: list[Any] = []  # adapters (any object with a ``rec``) timing backward
 _ORIGINAL_BACKWARD: Callable[..., Any] | None = None
 _log = logging.getLogger("otel_train")
+# False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
+_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def _patched_backward(*args: Any, **kwargs: Any) -> Any:
@@ -39,11 +41,17 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     assert original is not None
     rec = None
     try:
-        # All adapters share the session's recorder; outside a step the boundary is a no-op.
+        # All adapters share the session's recorder; outside a step the boundary is a no-op,
+        # unless a compiled forward opened no step (see forward_pre_hook): then backward does.
         if _ACTIVE:
             rec = _ACTIVE[0].rec
             if rec.enabled:
-                rec.transition("forward", "backward")
+                begin = 0
+                for adapter in _ACTIVE:
+                    if getattr(adapter, "compiled", False):
+                        begin = ADAPTER
+                        break
+                rec.transition("forward", "backward", begin=begin)
             else:
                 rec = None
     except Exception:  # telemetry never raises into training
@@ -207,6 +215,7 @@ class TorchLoopAdapter:
         self.counter = counter or count_batch
         self.active = True
         self.has_loader = False
+        self.compiled = False  # the model was compiled after instrument(): hooks traced
 
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
@@ -229,6 +238,12 @@ class TorchLoopAdapter:
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not self.active or not module.training or not torch.is_grad_enabled():
+            return
+        if _dynamo_compiling():
+            # torch.compile traced this hook (the model was compiled after instrument()):
+            # a clock read here would be a graph break. Dynamo replays this attribute write
+            # after each compiled call, so backward knows to open the step instead.
+            self.compiled = True
             return
         try:
             self.rec.transition("forward", "forward", begin=ADAPTER)

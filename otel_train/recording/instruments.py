@@ -15,6 +15,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable, Iterable
+from math import isfinite
 from typing import Any
 
 from opentelemetry import metrics
@@ -94,7 +95,11 @@ class Publisher:
 
     def _reader(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         agg = self._agg
-        return self._guard(name, lambda: [Observation(v, dict(a)) for a, v in agg.read(name)])
+        # The SDK drops non-finite values with a warning at every collection (a NaN loss
+        # would log forever): leave them out here; the console table still shows them.
+        return self._guard(
+            name, lambda: [Observation(v, dict(a)) for a, v in agg.read(name) if isfinite(v)]
+        )
 
     def _guard(
         self, name: str, produce: Callable[[], list[Observation]]

@@ -30,7 +30,7 @@ import logging
 import threading
 import traceback
 from time import perf_counter_ns
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -38,6 +38,9 @@ from ..settings import Settings
 from .device import EventPool
 from .memory import CudaMemoryTracker
 from .resolved import HOST_PHASES
+
+if TYPE_CHECKING:
+    from .debug_hooks import DebugHooks
 
 _log = logging.getLogger("otel_train")
 
@@ -52,6 +55,7 @@ MAX_STACK = 8192
 MAX_SCALAR_NAMES = 256
 MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
 SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
+_INT64_MAX = 2**63 - 1
 
 
 class OpenStep:
@@ -163,8 +167,9 @@ class Recorder:
         self._cuda = False
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
+        self._debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
-        self._defer = not self._want_cuda
+        self._defer = self._may_defer()
         self._tls = threading.local()
         self._current: OpenStep | None = None
         self._next_index = 0
@@ -184,10 +189,11 @@ class Recorder:
     # -- public scopes -------------------------------------------------------------
 
     def phase(self, name: str) -> PhaseScope:
-        scope = self._scopes.get(name)
+        # Only str names are cached: others may be unhashable, or objects we must not keep.
+        scope = self._scopes.get(name) if name.__class__ is str else None
         if scope is None:
             scope = PhaseScope(self, _clean_name(name))
-            if len(self._scopes) < 10_000:
+            if name.__class__ is str and len(self._scopes) < 10_000:
                 self._scopes[name] = scope
         return scope
 
@@ -195,6 +201,22 @@ class Recorder:
         return StepScope(self, _count(samples), _count(tokens))
 
     # -- the deferred log ------------------------------------------------------------
+
+    @property
+    def debug(self) -> DebugHooks | None:
+        return self._debug
+
+    @debug.setter
+    def debug(self, hooks: DebugHooks | None) -> None:
+        # Debugging components act at step boundaries on the training thread (a profiler
+        # starts there, a snapshot window opens there): no deferral while one is on.
+        with self._lock:
+            self._settle()
+            self._debug = hooks
+            self._defer = self._may_defer()
+
+    def _may_defer(self) -> bool:
+        return not self._want_cuda and self._debug is None
 
     @property
     def current_step(self) -> OpenStep | None:
@@ -299,6 +321,8 @@ class Recorder:
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
             self._current = step
+            if self._debug is not None:
+                self._debug.step_started(step.index)
             return step
         except Exception:
             self._fail()
@@ -361,6 +385,8 @@ class Recorder:
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
         self._current = None
+        if self._debug is not None:
+            self._debug.step_ended(step.index)
         pending = self._pending
         if len(pending) >= self.max_pending:
             try:
@@ -478,6 +504,8 @@ class Recorder:
                 memory = (entry[6], entry[7], r - entry[8], o - entry[9])
             stack.pop()
             error = describe_exception(exc_type, exc) if exc_type is not None else None
+            if error is not None and self._debug is not None:
+                error += (self._debug.phase_error(exc),)  # the OOM snapshot's path, if any
             if step.closed:
                 # The step ended (another thread or an adapter) while this phase ran.
                 self.dropped_phases += 1
@@ -651,31 +679,36 @@ def _clean_name(name: Any) -> str:
 
 
 def _count(value: Any) -> int | None:
+    """A sample/token count, or None: never a device read, never beyond int64 (OTLP)."""
     if value is None:
         return None
+    if isinstance(value, torch.Tensor) and (value.device.type != "cpu" or value.numel() != 1):
+        return None  # int() of a CUDA tensor would synchronise; meta tensors hold no value
     try:
         number = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:
         return None
-    return number if number >= 0 else None
+    return number if 0 <= number <= _INT64_MAX else None
 
 
 def _scalar_value(value: Any, events: EventPool) -> Any:
     """A float, or ``(pinned CPU tensor, event)`` being filled from the device (no sync)."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+    if type(value) is float:
+        return value
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
+        if value.numel() != 1 or value.is_complex() or value.is_meta:
             return None
         t = value.detach()
         if t.is_cuda:
             host = torch.empty((), dtype=torch.float64, pin_memory=True)
             host.copy_(t.reshape(()), non_blocking=True)
             return (host, events.record())
-        return float(t.item())
+        if t.device.type != "cpu":
+            return None  # other devices (mps, xla, ...) would be read synchronously
+        value = t.item()
     try:
         return float(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # complex, huge ints, strings: not a scalar we can chart
         return None

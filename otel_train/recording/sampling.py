@@ -10,6 +10,7 @@ every step, ``none`` none.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from .resolved import ResolvedStep
 
@@ -24,6 +25,7 @@ class StepSampler:
         self._count = 0
         self._window_start: int | None = None
         self._first_seen = False
+        self.always: Callable[[int], bool] | None = None  # steps traced whatever their time
 
     def offer(self, step: ResolvedStep) -> list[ResolvedStep]:
         """Steps to emit now (most calls return an empty list)."""
@@ -39,6 +41,9 @@ class StepSampler:
             out.append(step)
         elif step.error:
             step.sampled_because = "error"
+            out.append(step)
+        elif self.always is not None and self.always(step.index):
+            step.sampled_because = "debug"  # a profiled step or a memory-snapshot window's end
             out.append(step)
         elif self._slowest:
             duration = step.end - step.start

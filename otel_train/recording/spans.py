@@ -8,6 +8,7 @@ error); host-only phases and CPU runs carry host timestamps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -25,6 +26,8 @@ class SpanEmitter:
         self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns
         self.emitted = 0
         self.device_total: int | None = None  # bytes, set once CUDA memory tracking starts
+        # step index -> extra events for its span (profiler trace, memory snapshot paths)
+        self.step_events: Callable[[int], list[tuple[str, dict[str, Any]]]] | None = None
 
     def emit(self, step: ResolvedStep) -> tuple[int, int] | None:
         """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""
@@ -64,6 +67,9 @@ class SpanEmitter:
         for phase in reversed(step.phases):
             span = spans[phase.seq]
             span.end(end_time=max(phase.end + off, phase.start + off))
+        if self.step_events is not None:
+            for name, attributes in self.step_events(step.index):
+                root.add_event(name, attributes, timestamp=start)
         if step.error:
             root.set_status(Status(StatusCode.ERROR, "a phase raised"))
         root.end(end_time=end)
@@ -97,7 +103,7 @@ class SpanEmitter:
             start_time=phase.start + self.offset_ns,
         )
         if phase.error is not None:
-            type_name, message, stack, oom = phase.error
+            type_name, message, stack, oom = phase.error[:4]
             span.add_event(
                 "exception",
                 {
@@ -116,6 +122,13 @@ class SpanEmitter:
                         c.OOM_EVENT_ATTRIBUTES[1].key: reserved,
                         c.OOM_EVENT_ATTRIBUTES[2].key: total,
                     },
+                    timestamp=phase.host_end + self.offset_ns,
+                )
+            snapshot = phase.error[4] if len(phase.error) > 4 else None
+            if snapshot:
+                span.add_event(
+                    c.MEMORY_SNAPSHOT_EVENT,
+                    {c.MEMORY_SNAPSHOT_PATH.key: snapshot, c.MEMORY_SNAPSHOT_REASON.key: "oom"},
                     timestamp=phase.host_end + self.offset_ns,
                 )
             span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))

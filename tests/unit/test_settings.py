@@ -35,6 +35,9 @@ BAD = {
     "max_pending_steps": (0, "many", "integer from 1 to"),
     "shutdown_timeout": (-1, "forever", "number from 0 to 600"),
     "throughput_window": (1, "1", "integer from 2 to"),
+    "profile_steps": ("12-10", "10-", "step range FIRST-LAST"),
+    "memory_snapshot": ("always", "5-x", "'off', 'oom' or a step range"),
+    "debug_dir": ("", "   ", "directory path"),
 }
 
 
