@@ -86,11 +86,12 @@ class Telemetry:
         # daemon thread; at the deadline interrupt the exporters' retries, so nothing
         # keeps sending or logging once shutdown() has returned.
         threading.Thread(target=close, name="otel-train-shutdown", daemon=True).start()
-        in_time = done.wait(timeout_s)
+        margin = min(0.25, timeout_s / 4)  # kept to stop the exporters within the deadline
+        in_time = done.wait(timeout_s - margin)
         if not in_time:
             for exporter in self.exporters:
                 exporter.abandon()
-            done.wait(0.5)  # the close thread now finishes at once; don't wait on it longer
+            done.wait(margin)  # the close thread now finishes at once
         if in_time and self.health is not None:
             self.health.detach()  # else it keeps the abandoned exporters' last words quiet
         return in_time
