@@ -35,6 +35,7 @@ from .bridge import (
 )
 from .pipeline import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, SpanBatcher
 from .resource import build_resource
+from .transport import otlp_session
 
 _log = logging.getLogger("otel_train")
 
@@ -142,9 +143,10 @@ def _span_exporter(settings: Settings) -> SpanExporter:
         )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+    session = otlp_session("TRACES")
     if base:
-        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
-    return OTLPSpanExporter()
+        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces", session=session)
+    return OTLPSpanExporter(session=session)
 
 
 def _metric_exporter(settings: Settings) -> Any:
@@ -158,9 +160,10 @@ def _metric_exporter(settings: Settings) -> Any:
         )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
+    session = otlp_session("METRICS")
     if base:
-        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics")
-    return OTLPMetricExporter()
+        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics", session=session)
+    return OTLPMetricExporter(session=session)
 
 
 def _import_grpc() -> Any:
