@@ -153,6 +153,7 @@ class Recorder:
         # The open step, read by adapters on every hook: a plain attribute, not a property.
         self.current_step: OpenStep | None = None
         self._next_index = 0
+        self.step_thread: int | None = None  # thread that opens explicit/adapter steps
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
@@ -217,6 +218,8 @@ class Recorder:
             ev0 = self.events.record() if self._cuda else None
             device = torch.cuda.current_device() if self._cuda else None
             step = OpenStep(self._next_index, t0, mode, ev0, device)
+            if mode != CYCLE:
+                self.step_thread = threading.get_ident()
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
             self.current_step = step
@@ -328,6 +331,10 @@ class Recorder:
     def _enter_top(self, name: str, step: OpenStep | None, t: int) -> OpenStep | None:
         """A top-level phase: open a cycle step if none, or start the next cycle."""
         if step is None:
+            if self.step_thread is not None and self.step_thread != threading.get_ident():
+                # Between another thread's steps: belongs to no step, and opens none.
+                self.dropped_phases += 1
+                return None
             step = self.begin_step(CYCLE)
         elif step.top is not None and name in step.top:
             self._close(step, t)  # the name repeats: a new cycle begins here
