@@ -147,7 +147,9 @@ SHUTDOWN_DOWN = textwrap.dedent("""
     t1 = time.monotonic()
     time.sleep(4.0)   # longer than the exporters' first backoffs: would they still log?
     after = [r for r in records if r[0] > t1]
-    print(json.dumps({"ok": ok, "shutdown_s": t1 - t0, "logged_after": after}))
+    import threading
+    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    print(json.dumps({"ok": ok, "shutdown_s": t1 - t0, "logged_after": after, "alive": alive}))
 """)
 
 
@@ -171,6 +173,8 @@ def test_shutdown_with_the_collector_down_returns_by_its_deadline(tmp_path: Path
         f"(shutdown_timeout={timeout_s}), returned {result['ok']}"
     )
     assert result["logged_after"] == [], result["logged_after"]
+    # Nothing still retrying in the background: the exporters were stopped at the deadline.
+    assert result["alive"] == [], result["alive"]
     # The documented deadline is shutdown_timeout itself; the slack only absorbs a
     # loaded machine's scheduling, far below the 10 s retries an unbounded flush waits.
     assert result["shutdown_s"] < timeout_s + 1.0, result
