@@ -76,8 +76,10 @@ def test_a_signalled_run_flushes(
         steps = ctl / "steps"
         wait_for(lambda: steps.exists() and int(steps.read_text() or 0) >= 50, "50 steps")
         time.sleep(0.5)
+        sent = time.monotonic()
         job.send_signal(sig)
         _, err = job.communicate(timeout=60)
+        print(f"\n{how} {signal.Signals(sig).name}: exited {time.monotonic() - sent:.3f} s after")
     finally:
         if job.poll() is None:
             job.kill()
