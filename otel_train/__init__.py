@@ -135,5 +135,9 @@ def record(**scalars: Any) -> None:
 
 
 def shutdown(timeout: float | None = None) -> bool:
-    """Uninstrument, flush and close within ``timeout`` seconds (default: shutdown_timeout)."""
+    """Uninstrument, flush and close within ``timeout`` seconds (default: shutdown_timeout).
+
+    Returns False when the deadline cut the flush short (the Collector down, say): what
+    was left is dropped and the exporters are stopped, so nothing runs on afterwards.
+    """
     return session.shutdown(timeout)

@@ -286,8 +286,10 @@ METRIC_ATTRIBUTES = {
     A_KIND: "allocated or reserved (CUDA caching allocator).",
     A_NAME: "User scalar name as given to otel_train.record().",
     A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
-    "ended after its step had ended), scalar_names (user scalars with a new name past the "
-    "256-name cap) or export (span export).",
+    "ended after its step had ended, or ran on another thread while no step was open), "
+    "scalar_names (user scalars with a new name past the 256-name cap), export (spans whose "
+    "OTLP export failed), span_queue (spans dropped because the export queue was full) or "
+    "metric_export (metric data points whose OTLP export failed).",
 }
 
 # --- metrics -----------------------------------------------------------------

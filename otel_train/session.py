@@ -27,6 +27,7 @@ from .recording.sampling import StepSampler
 from .recording.spans import SpanEmitter
 from .recording.worker import Worker
 from .settings import ConfigError, Settings
+from .signals import SigtermFlush
 
 if TYPE_CHECKING:
     from .adapters.base import Instrumentation
@@ -88,11 +89,14 @@ class Session:
             sampler,
             console,
             settings.throughput_window,
-            span_failures=_failures_of(t.span_exporter),
+            export_drops=t.health.counts if t.health is not None else None,
         )
         self.instrumentations: dict[int, Instrumentation] = {}
         self.closed = False
         self.worker.start()
+        self.sigterm = SigtermFlush(shutdown) if settings.flush_on_sigterm else None
+        if self.sigterm is not None:
+            self.sigterm.install()
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
@@ -111,6 +115,8 @@ class Session:
         if self.closed:
             return True
         self.closed = True
+        if self.sigterm is not None:
+            self.sigterm.uninstall()
         budget = self.settings.shutdown_timeout if timeout_s is None else max(0.0, timeout_s)
         deadline = time.monotonic() + budget
         for inst in list(self.instrumentations.values()):
@@ -129,10 +135,6 @@ class Session:
             except Exception:
                 _log.exception("otel-train: printing the run summary failed")
         return self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
-
-
-def _failures_of(exporter: Any) -> Any:
-    return None if exporter is None else (lambda: exporter.failed)
 
 
 _lock = threading.RLock()

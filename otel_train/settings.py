@@ -301,6 +301,14 @@ class Settings:
             "doc": "Seconds shutdown() may take, flush included, even with the collector down.",
         },
     )
+    flush_on_sigterm: bool = field(
+        default=True,
+        metadata={
+            "parse": _bool,
+            "doc": "On SIGTERM with no handler of yours installed: shutdown() (flush, within "
+            "shutdown_timeout), then die by SIGTERM as before. Your own handler is called instead.",
+        },
+    )
     throughput_window: int = field(
         default=20,
         metadata={"parse": _int_range(2, 10**6), "doc": "Steps in the throughput gauge window."},

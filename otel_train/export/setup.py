@@ -24,7 +24,7 @@ from weakref import WeakKeyDictionary
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from ..settings import ConfigError, Settings
 from .bridge import (
@@ -33,7 +33,9 @@ from .bridge import (
     BridgedPrometheusReader,
     HistogramBridge,
 )
+from .pipeline import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, SpanBatcher
 from .resource import build_resource, metrics_port
+from .transport import otlp_session
 
 _log = logging.getLogger("otel_train")
 
@@ -44,36 +46,14 @@ _TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 _METRIC_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
 
 
-class CountingSpanExporter(SpanExporter):
-    """Counts spans an export failed to deliver (the collector down, a timeout, ...)."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.failed = 0
-
-    def export(self, spans: Any) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:
-            result = SpanExportResult.FAILURE
-        if result != SpanExportResult.SUCCESS:
-            self.failed += len(spans)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
 @dataclass
 class Telemetry:
     tracer_provider: Any | None
     meter_provider: Any | None
     bridge: HistogramBridge | None
     owned: bool = False
-    span_exporter: CountingSpanExporter | None = None
+    health: ExportHealth | None = None
+    exporters: list[GuardedSpanExporter | GuardedMetricExporter] = field(default_factory=list)
     prometheus_server: Any | None = None
     prometheus_address: tuple[str, int] | None = None
     _closers: list[Any] = field(default_factory=list)
@@ -104,9 +84,18 @@ class Telemetry:
             done.set()
 
         # The SDK's flush can outlive its timeout (collector down, retries): run it on a
-        # daemon thread and stop waiting at the deadline.
+        # daemon thread; at the deadline interrupt the exporters' retries, so nothing
+        # keeps sending or logging once shutdown() has returned.
         threading.Thread(target=close, name="otel-train-shutdown", daemon=True).start()
-        return done.wait(timeout_s)
+        margin = min(0.25, timeout_s / 4)  # kept to stop the exporters within the deadline
+        in_time = done.wait(timeout_s - margin)
+        if not in_time:
+            for exporter in self.exporters:
+                exporter.abandon()
+            done.wait(margin)  # the close thread now finishes at once
+        if in_time and self.health is not None:
+            self.health.detach()  # else it keeps the abandoned exporters' last words quiet
+        return in_time
 
 
 def _is_sdk_tracer_provider(tp: Any) -> bool:
@@ -154,9 +143,10 @@ def _span_exporter(settings: Settings) -> SpanExporter:
         )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+    session = otlp_session("TRACES")
     if base:
-        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
-    return OTLPSpanExporter()
+        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces", session=session)
+    return OTLPSpanExporter(session=session)
 
 
 def _metric_exporter(settings: Settings) -> Any:
@@ -170,9 +160,10 @@ def _metric_exporter(settings: Settings) -> Any:
         )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
+    session = otlp_session("METRICS")
     if base:
-        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics")
-    return OTLPMetricExporter()
+        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics", session=session)
+    return OTLPMetricExporter(session=session)
 
 
 def _import_grpc() -> Any:
@@ -230,11 +221,15 @@ def _build_own(settings: Settings, version: str) -> Telemetry:
         server, address = start_prometheus_server(
             registry, settings.prometheus_host, port, settings.prometheus_ranks
         )
+    health = ExportHealth()
+    exporters: list[GuardedSpanExporter | GuardedMetricExporter] = []
     if _otlp_wanted(settings, _METRIC_ENV):
+        metric_exporter = GuardedMetricExporter(_metric_exporter(settings), health)
+        exporters.append(metric_exporter)
         readers.append(
             BridgedPeriodicReader(
                 bridge,
-                _metric_exporter(settings),
+                metric_exporter,
                 export_interval_millis=settings.metric_export_interval * 1000,
             )
         )
@@ -245,17 +240,20 @@ def _build_own(settings: Settings, version: str) -> Telemetry:
         )
         _BRIDGES[meter_provider] = bridge
     tracer_provider = None
-    span_exporter = None
     if _otlp_wanted(settings, _TRACE_ENV):
-        span_exporter = CountingSpanExporter(_span_exporter(settings))
+        span_exporter = GuardedSpanExporter(_span_exporter(settings), health)
+        exporters.append(span_exporter)
         tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        tracer_provider.add_span_processor(SpanBatcher(span_exporter, health))
+    if exporters:
+        health.attach()
     return Telemetry(
         tracer_provider,
         meter_provider,
         bridge if meter_provider is not None else None,
         owned=True,
-        span_exporter=span_exporter,
+        health=health if exporters else None,
+        exporters=exporters,
         prometheus_server=server,
         prometheus_address=address,
     )

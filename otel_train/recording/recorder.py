@@ -173,6 +173,8 @@ class Recorder:
         self._tls = threading.local()
         self._current: OpenStep | None = None
         self._next_index = 0
+        # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
+        self.step_stack: list[list[Any]] | None = None
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
@@ -285,14 +287,20 @@ class Recorder:
             t = perf_counter_ns()
             with self._lock:
                 self._settle()
-                return self._begin_at(mode, t, samples, tokens)
+                return self._begin_at(mode, t, samples, tokens, self._tls_stack())
         except Exception:
             self._fail()
             return None
 
     def _begin_at(
-        self, mode: int, t: int, samples: int | None = None, tokens: int | None = None
+        self,
+        mode: int,
+        t: int,
+        samples: int | None = None,
+        tokens: int | None = None,
+        stack: list[list[Any]] | None = None,
     ) -> OpenStep | None:
+        """Open a step at ``t``; ``stack`` is the phase stack of the thread opening it."""
         if not self.enabled:
             return None
         try:
@@ -303,7 +311,7 @@ class Recorder:
                 if (
                     mode == EXPLICIT
                     and current.mode == ADAPTER
-                    and not self._tls_stack()
+                    and not stack
                     and all(p[2] in HOST_PHASES for p in current.phases)
                 ):
                     # ``for batch in loader: with step():`` -- the instrumented loader's
@@ -318,6 +326,8 @@ class Recorder:
             ev0 = self.events.record() if self._cuda else None
             device = torch.cuda.current_device() if self._cuda else None
             step = OpenStep(self._next_index, t, mode, ev0, device)
+            if mode != CYCLE:
+                self.step_stack = stack
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
             self._current = step
@@ -424,7 +434,7 @@ class Recorder:
         try:
             step = self._current
             if step is None or (step.top is not None and not stack):
-                step = self._enter_top(name, step, t)
+                step = self._enter_top(name, step, t, stack)
                 if step is None:
                     return
             if self._cuda:
@@ -451,13 +461,19 @@ class Recorder:
         except Exception:
             self._fail()
 
-    def _enter_top(self, name: str, step: OpenStep | None, t: int) -> OpenStep | None:
+    def _enter_top(
+        self, name: str, step: OpenStep | None, t: int, stack: list[list[Any]]
+    ) -> OpenStep | None:
         """A top-level phase: open a cycle step if none, or start the next cycle."""
         if step is None:
-            step = self._begin_at(CYCLE, t)
+            if self.step_stack is not None and self.step_stack is not stack:
+                # Between another thread's steps: belongs to no step, and opens none.
+                self.dropped_phases += 1
+                return None
+            step = self._begin_at(CYCLE, t, stack=stack)
         elif step.top is not None and name in step.top:
             self._close(step, t)  # the name repeats: a new cycle begins here
-            step = self._begin_at(CYCLE, t)
+            step = self._begin_at(CYCLE, t, stack=stack)
         if step is not None and step.top is not None:
             step.top.add(name)
         return step
@@ -587,7 +603,7 @@ class Recorder:
             if step is None:
                 if not begin:
                     return  # a boundary outside any step (evaluation, a stray backward)
-                step = self._begin_at(begin, t)
+                step = self._begin_at(begin, t, stack=stack)
                 if step is None:
                     return
             if self._cuda or (step.top is not None and not stack):

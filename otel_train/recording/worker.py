@@ -49,9 +49,9 @@ class Worker:
         console: ConsoleReporter,
         throughput_window: int,
         poll_s: float = 0.05,
-        span_failures: Callable[[], int] | None = None,
+        export_drops: Callable[[], dict[str, int]] | None = None,
     ) -> None:
-        self._span_failures = span_failures
+        self._export_drops = export_drops
         self.recorder = recorder
         self.agg = aggregator
         self.publisher = publisher
@@ -84,8 +84,8 @@ class Worker:
         # Counters start at zero so their series exist (and rate() works) before any drop.
         dropped = aggregator.values.setdefault(c.DROPPED.name, {})
         dropped[((A_REASON, "queue_full"),)] = 0.0
-        if span_failures is not None:
-            dropped[((A_REASON, "export"),)] = 0.0
+        for reason in export_drops() if export_drops is not None else ():
+            dropped[((A_REASON, reason),)] = 0.0
 
     # -- thread ----------------------------------------------------------------------
 
@@ -235,7 +235,7 @@ class Worker:
                 ("queue_full", rec.dropped_steps),
                 ("late_phase", rec.dropped_phases),
                 ("scalar_names", rec.dropped_scalars),
-                ("export", self._span_failures() if self._span_failures is not None else 0),
+                *(self._export_drops().items() if self._export_drops is not None else ()),
             ):
                 if count:
                     dropped[((A_REASON, reason),)] = float(count)

@@ -183,3 +183,20 @@ def test_metrics_endpoint_stops_at_shutdown(served: tuple[str, int]) -> None:
     assert otel_train.shutdown()
     with pytest.raises(OSError):
         scrape(served)
+
+
+def test_metrics_binds_other_interfaces_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_EXPORTER_PROMETHEUS_HOST",
+        "OTEL_TRAIN_PROMETHEUS_HOST",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    session = otel_train.configure(prometheus_host="0.0.0.0", prometheus_port=0, console="off")
+    try:
+        address = session.prometheus_address
+        assert address is not None and address[0] == "0.0.0.0"
+    finally:
+        otel_train.shutdown()

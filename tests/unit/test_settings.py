@@ -32,6 +32,7 @@ BAD = {
     "device_timing": ("gpu", "", "'auto', 'cuda', 'off'"),
     "memory": ("2", "maybe", "true/false"),
     "reset_peak_memory": ("sometimes", "-1", "true/false"),
+    "flush_on_sigterm": ("later", "2", "true/false"),
     "max_pending_steps": (0, "many", "integer from 1 to"),
     "shutdown_timeout": (-1, "forever", "number from 0 to 600"),
     "throughput_window": (1, "1", "integer from 2 to"),

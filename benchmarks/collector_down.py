@@ -1,0 +1,99 @@
+"""Memory and shutdown time of a run whose Collector is down the whole time.
+
+Trains a small model (forward, backward, SGD as phases, every step traced) with OTLP
+pointed at a loopback port where nothing listens. Prints the process RSS after a
+warm-up and after many thousand more steps, otel-train's drop counts, and how long
+``shutdown()`` took against its ``shutdown_timeout``, as one JSON line.
+
+Usage: python benchmarks/collector_down.py [--warmup 2000] [--steps 20000] [--timeout 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+
+import torch
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def unused_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # closed again: connections are refused
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warmup", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--timeout", type=float, default=5.0)
+    args = ap.parse_args()
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", unused_endpoint())
+    import otel_train
+
+    session = otel_train.configure(
+        trace_steps="all",
+        console="off",
+        prometheus=False,
+        metric_export_interval=1.0,
+        shutdown_timeout=args.timeout,
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            with otel_train.step(samples=32):
+                with otel_train.phase("forward"):
+                    loss = model(x).pow(2).mean()
+                with otel_train.phase("backward"):
+                    loss.backward()
+                with otel_train.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+            otel_train.record(loss=loss.detach())
+
+    t0 = time.perf_counter()
+    run(args.warmup)
+    time.sleep(1.0)  # let the worker and exporters settle into the outage
+    rss0 = rss_bytes()
+    run(args.steps)
+    time.sleep(1.0)
+    rss1 = rss_bytes()
+    elapsed = time.perf_counter() - t0
+    drops = session.telemetry.health.counts() if session.telemetry.health else {}
+    drops["queue_full"] = session.recorder.dropped_steps
+    t1 = time.monotonic()
+    ok = otel_train.shutdown()
+    shutdown_s = time.monotonic() - t1
+    print(
+        json.dumps(
+            {
+                "warmup_steps": args.warmup,
+                "steps": args.steps,
+                "rss_after_warmup_mib": round(rss0 / 2**20, 1),
+                "rss_at_end_mib": round(rss1 / 2**20, 1),
+                "rss_growth_mib": round((rss1 - rss0) / 2**20, 2),
+                "run_s": round(elapsed, 1),
+                "dropped": drops,
+                "shutdown_timeout_s": args.timeout,
+                "shutdown_s": round(shutdown_s, 3),
+                "shutdown_in_time": ok,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

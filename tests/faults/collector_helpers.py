@@ -1,0 +1,212 @@
+"""Helpers for the fault tests: a real Collector (the otelcol `scripts/stack build` makes).
+
+Each test starts, kills and restarts its own Collector on free loopback ports with a
+small config: an OTLP receiver (HTTP, optionally TLS) and the debug exporter at
+``detailed`` verbosity, whose output (every span and data point) is what the tests
+read back. Training runs in a subprocess, as a user's job would.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_stack_module() -> Any:
+    """scripts/stack (no .py suffix), loaded by path for its binary paths."""
+    path = str(ROOT / "scripts" / "stack")
+    loader = importlib.machinery.SourceFileLoader("otel_train_stack_faults", path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+CONFIG = """
+extensions:
+  health_check:
+    endpoint: 127.0.0.1:{health}
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:{otlp}
+{tls}
+exporters:
+  debug:
+    verbosity: detailed
+service:
+  extensions: [health_check]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [debug]
+    metrics:
+      receivers: [otlp]
+      exporters: [debug]
+  telemetry:
+    metrics:
+      level: none
+"""
+
+
+@dataclass
+class Collector:
+    """One real otelcol on loopback; ``start``/``kill``/``stop`` as often as a test likes."""
+
+    binary: Path
+    workdir: Path
+    otlp_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+    tls: tuple[Path, Path] | None = None  # (cert, key) for the HTTP receiver
+    proc: subprocess.Popen[bytes] | None = None
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.otlp_port}"
+
+    def start(self) -> None:
+        tls = ""
+        if self.tls:
+            tls = (
+                "        tls:\n"
+                f"          cert_file: {self.tls[0]}\n"
+                f"          key_file: {self.tls[1]}\n"
+            )
+        config = self.workdir / "otelcol.yaml"
+        config.write_text(CONFIG.format(health=self.health_port, otlp=self.otlp_port, tls=tls))
+        log = self.workdir / f"otelcol-{len(self.logs)}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(self.binary), f"--config={config}"], stdout=out, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"otelcol exited: {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"otelcol not healthy in 60 s: {log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: the Collector vanishes mid-run without a goodbye."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+            self.proc = None
+
+    def output(self, since: int = 0) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs[since:])
+
+
+# -- reading the debug exporter's detailed output ---------------------------------------
+
+_SPAN = re.compile(r"^Span #\d+\n(.*?)(?=^Span #|^ResourceSpans #|^Metric #|\Z)", re.M | re.S)
+
+
+def spans(text: str) -> list[dict[str, str]]:
+    """Every span the Collector printed: its header fields and attributes as strings."""
+    out = []
+    for block in _SPAN.findall(text):
+        span: dict[str, str] = {}
+        for line in block.splitlines():
+            head = re.match(r"^\s+([A-Za-z ]+?)\s+: (.*)$", line)
+            if head and not line.lstrip().startswith("->"):
+                span[head.group(1)] = head.group(2).strip()
+            attr = re.match(r"^\s+-> ([\w.]+): \w+\((.*)\)$", line)
+            if attr:
+                span.setdefault(attr.group(1), attr.group(2))
+        out.append(span)
+    return out
+
+
+def step_indices(text: str) -> list[int]:
+    return [
+        int(s["otel_train.step.index"])
+        for s in spans(text)
+        if s.get("Name") == "otel_train.step" and "otel_train.step.index" in s
+    ]
+
+
+_METRIC = re.compile(r"^Metric #\d+\n(.*?)(?=^Metric #|^ResourceMetrics #|^Span #|\Z)", re.M | re.S)
+
+
+def metric_points(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Data points of one metric in arrival order: (attributes, value)."""
+    out = []
+    for block in _METRIC.findall(text):
+        if not re.search(rf"^\s+-> Name: {re.escape(name)}$", block, re.M):
+            continue
+        for point in re.split(r"^NumberDataPoints #\d+\n", block, flags=re.M)[1:]:
+            attrs = dict(re.findall(r"^\s+-> ([\w.]+): \w+\((.*)\)$", point, re.M))
+            value = re.search(r"^Value: ([-+0-9.eE]+)", point, re.M)
+            if value:
+                out.append((attrs, float(value.group(1))))
+    return out
+
+
+def wait_for(fn: Any, what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def job_env(endpoint: str | None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for name in list(env):
+        if name.startswith(("OTEL_TRAIN_", "OTEL_EXPORTER_", "OTEL_BSP_")):
+            del env[name]
+    env.update(
+        {
+            "OTEL_TRAIN_TRACE_STEPS": "all",
+            "OTEL_TRAIN_METRIC_EXPORT_INTERVAL": "0.5",
+            "OTEL_TRAIN_CONSOLE": "off",
+            "OTEL_TRAIN_PROMETHEUS": "false",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+    )
+    if endpoint is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    env.update(extra)
+    return env

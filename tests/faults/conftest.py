@@ -1,0 +1,43 @@
+"""Fixtures for the fault tests: a real otelcol per test (see collector_helpers.py).
+
+Every test here carries the ``stack`` marker and skips, with the reason, when
+``scripts/stack build`` has not been run (OTEL_TRAIN_STACK_REQUIRED=1 turns that
+into a failure).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from collector_helpers import Collector, load_stack_module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(item.path).is_relative_to(here):
+            item.add_marker(pytest.mark.stack)
+
+
+@pytest.fixture(scope="session")
+def otelcol() -> Path:
+    stack = load_stack_module()
+    missing = stack.missing_binaries()
+    if "otelcol" in missing:
+        reason = f"otelcol not built -- run `scripts/stack build` ({missing['otelcol']})"
+        if os.environ.get("OTEL_TRAIN_STACK_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return Path(stack.bin_dir()) / "otelcol"
+
+
+@pytest.fixture
+def collector(otelcol: Path, tmp_path: Path) -> Any:
+    col = Collector(otelcol, tmp_path)
+    try:
+        yield col
+    finally:
+        col.stop()
