@@ -20,6 +20,7 @@ from .export.setup import Telemetry, build_telemetry
 from .recording.aggregate import MetricsAggregator
 from .recording.console import ConsoleReporter
 from .recording.device import now_offset_ns
+from .recording.efficiency import EfficiencyTracker, RegionLog
 from .recording.instruments import Publisher
 from .recording.recorder import Recorder
 from .recording.sampling import StepSampler
@@ -74,6 +75,11 @@ class Session:
             settings.trace_slowest,
         )
         console = ConsoleReporter(settings.console_every, settings.console)
+        self.regions = RegionLog()
+        self.efficiency = EfficiencyTracker(
+            settings, self.recorder, self.regions, settings.throughput_window
+        )
+        console.efficiency = self.efficiency
         self.worker = Worker(
             self.recorder,
             self.aggregator,
@@ -83,6 +89,7 @@ class Session:
             console,
             settings.throughput_window,
             span_failures=_failures_of(t.span_exporter),
+            efficiency=self.efficiency,
         )
         self.instrumentations: dict[int, Instrumentation] = {}
         self.closed = False

@@ -152,6 +152,8 @@ class Recorder:
         self._tls = threading.local()
         # The open step, read by adapters on every hook: a plain attribute, not a property.
         self.current_step: OpenStep | None = None
+        # FLOP counting (recording/flops.py): set only while a step is to be counted.
+        self.flop_probe: Any = None
         self._next_index = 0
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
@@ -220,6 +222,8 @@ class Recorder:
             step.samples, step.tokens = samples, tokens
             self._next_index += 1
             self.current_step = step
+            if self.flop_probe is not None:
+                self.flop_probe.begin(step)
             return step
         except Exception:
             self._fail()
@@ -255,6 +259,8 @@ class Recorder:
             self._release_step(step)
 
     def _close(self, step: OpenStep, t1: int) -> None:
+        if self.flop_probe is not None:
+            self.flop_probe.end(step, t1)
         step.t1 = t1
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True

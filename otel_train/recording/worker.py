@@ -21,6 +21,7 @@ from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .console import ConsoleReporter
 from .device import DeviceClock
+from .efficiency import EfficiencyTracker
 from .instruments import Publisher
 from .recorder import OpenStep, Recorder
 from .resolved import ResolvedStep
@@ -50,7 +51,9 @@ class Worker:
         throughput_window: int,
         poll_s: float = 0.05,
         span_failures: Callable[[], int] | None = None,
+        efficiency: EfficiencyTracker | None = None,
     ) -> None:
+        self.efficiency = efficiency
         self._span_failures = span_failures
         self.recorder = recorder
         self.agg = aggregator
@@ -271,11 +274,27 @@ class Worker:
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
                 self._update_throughput(step)
+                if self.efficiency is not None:
+                    self._observe_efficiency(step)
                 self.steps_processed += 1
+            if self.efficiency is not None:
+                self._observe_efficiency(None)
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
+
+    def _observe_efficiency(self, step: ResolvedStep | None) -> None:
+        """MFU, data stall and goodput (efficiency.py); a failure disables only them."""
+        assert self.efficiency is not None
+        try:
+            if step is None:
+                self.efficiency.drain_regions(self.agg)
+            else:
+                step.efficiency = self.efficiency.observe(step, self.agg)
+        except Exception:
+            self.efficiency = self.console.efficiency = None
+            _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
     def _update_throughput(self, step: ResolvedStep) -> None:
         """Samples and tokens per second over the last ``throughput_window`` steps.

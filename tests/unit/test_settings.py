@@ -34,6 +34,11 @@ BAD = {
     "max_pending_steps": (0, "many", "integer from 1 to"),
     "shutdown_timeout": (-1, "forever", "number from 0 to 600"),
     "throughput_window": (1, "1", "integer from 2 to"),
+    "flops": ("measure", "on", "'count', 'estimate', 'off'"),
+    "flops_per_step": (-1.0, "lots", "number from 0 to"),
+    "flops_count_step": (-1, "second", "integer from 0 to"),
+    "peak_tflops": (0, "fast", "number from 1e-06 to"),
+    "peak_dtype": ("int8", "float32", "'auto', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8'"),
 }
 
 
