@@ -38,6 +38,7 @@ from .resolved import ResolvedStep
 
 _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
+MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
 REGION_KINDS = ("evaluation", "checkpoint")
 CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
@@ -98,7 +99,9 @@ class EfficiencyTracker:
             self.probe = FlopProbe(recorder, settings.flops_count_step)
             recorder.flop_probe = self.probe
         self._counted: dict[tuple[int | None, int | None], float] = {}
-        self.count_results: list[CountResult] = []  # for the summary
+        self.count_results: list[CountResult] = []  # one per shape, for the summary
+        self._counted_steps: set[int] = set()
+        self._requests: dict[tuple[int | None, int | None], int] = {}
         self._cost_pending: CountResult | None = None
         self._after_count: list[float] = []
         self.count_cost: float | None = None
@@ -228,7 +231,13 @@ class EfficiencyTracker:
             return
         while probe.results:
             r = probe.results.popleft()
-            self._counted[(r.samples, r.tokens)] = float(r.flops)
+            key = (r.samples, r.tokens)
+            self._counted_steps.add(r.index)
+            if len(self._counted_steps) > 64:
+                self._counted_steps.remove(min(self._counted_steps))
+            if key in self._counted:
+                continue  # a recount that met an already-counted shape
+            self._counted[key] = float(r.flops)
             self.count_results.append(r)
             if r.dtype and not self._dtype:
                 self._dtype = r.dtype
@@ -250,15 +259,17 @@ class EfficiencyTracker:
             return None, "", False
         key = (step.samples, step.tokens)
         counted = self._counted.get(key)
-        is_counted_step = any(r.index == step.index for r in self.count_results[-4:])
         if counted is not None:
-            return counted, "counted", is_counted_step
+            return counted, "counted", step.index in self._counted_steps
+        requests = self._requests.get(key, 0)
         if (
             self._counted
+            and requests < MAX_RECOUNT_REQUESTS
             and not probe.armed
             and not probe.failed
             and len(self._counted) < MAX_COUNTED_SHAPES
         ):
+            self._requests[key] = requests + 1
             probe.arm(0)  # count this new shape on the next step that begins
         return self._scaled(key)
 

@@ -44,6 +44,9 @@ _MATMUL_NAMES = frozenset({
 })  # fmt: skip
 
 
+MAX_MISSES = 2  # counted steps of an already-counted shape before a recount gives up
+
+
 @dataclass(frozen=True)
 class CountResult:
     index: int  # the counted step
@@ -102,6 +105,8 @@ class FlopProbe:
         self._step: Any = None
         self._thread = 0
         self.results: collections.deque[CountResult] = collections.deque(maxlen=64)
+        self._seen: set[tuple[int | None, int | None]] = set()
+        self._misses = 0
         self.failed = False
 
     @property
@@ -146,11 +151,20 @@ class FlopProbe:
             return
         try:
             flops, dtype = self._stop()
-            self.disarm()
             seconds = max(0, t1 - step.t0) / 1e9
             self.results.append(
                 CountResult(step.index, step.samples, step.tokens, flops, dtype, seconds)
             )
+            # The shape is known only once the step has run: when this one was counted
+            # already, stay armed for a few more steps to catch the shape asked for.
+            key = (step.samples, step.tokens)
+            if key in self._seen and self._misses < MAX_MISSES:
+                self._misses += 1
+                self.target = step.index + 1
+            else:
+                self._seen.add(key)
+                self._misses = 0
+                self.disarm()
         except Exception:
             self._fail()
 
