@@ -60,6 +60,12 @@ def _train(model: torch.nn.Module, opt: Any, loader: Any, epochs: int = 1) -> No
             opt.step()
 
 
+def _global_module_hooks() -> tuple[int, ...]:
+    m = torch.nn.modules.module
+    return tuple(len(getattr(m, name)) for name in dir(m) if name.startswith("_global_")
+                 and name.endswith("hooks"))  # fmt: skip
+
+
 def _attrs(tel: InMemoryTelemetry) -> list[dict[str, Any]]:
     return [dict(s.attributes) for s in step_spans(tel.spans())]
 
@@ -70,12 +76,16 @@ def test_counted_flops_of_an_mlp_match_the_analytic_count() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = _loader(96, 32, 64, 10)
     tel = InMemoryTelemetry()
+    hooks_before = _global_module_hooks()
     otel_train.instrument(model, optimizer=opt, dataloader=loader, trace_steps="all",
                           console="off", **providers(tel))  # fmt: skip
     _train(model, opt, loader)
     session = otel_train.session.current()
     assert session is not None
     probe_after = session.recorder.flop_probe
+    # Nothing of the counter stays behind: no dispatch mode, no global module hooks.
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert _global_module_hooks() == hooks_before
     otel_train.shutdown()
     steps = _attrs(tel)
     expected = _mlp_flops(32, sizes)
