@@ -6,8 +6,9 @@ Runs on the worker thread, once per resolved step, under the aggregator's lock.
   (6 x trainable parameters x tokens, the decoder-only transformer rule, stated as an
   estimate), or a count (:mod:`.flops`) per batch shape (samples, tokens). A step whose
   shape has not been counted yet is scaled from the nearest counted shape and
-  labelled ``scaled``; the tracker then arms the probe to count that shape on a later
-  step (at most ``MAX_COUNTED_SHAPES`` shapes, then scaling only).
+  labelled ``scaled``; when it differs from that shape by more than 10% the tracker
+  arms the probe to count it on a later step (at most ``MAX_COUNTED_SHAPES`` shapes
+  and ``flops.MAX_COUNTED_STEPS`` counted steps per run, then scaling only).
 - Achieved FLOP/s = FLOPs / step seconds (device time when CUDA events measured it,
   host time otherwise); MFU = achieved / the device's dense peak for the dtype the
   matmuls ran in (:mod:`.peaks`). The counted step itself gets no rate (it is slow).
@@ -38,6 +39,7 @@ from .resolved import ResolvedStep
 
 _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
+RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
 MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
 REGION_KINDS = ("evaluation", "checkpoint")
@@ -116,6 +118,7 @@ class EfficiencyTracker:
         self.first: int | None = None
         self.last: int | None = None
         self.totals = dict.fromkeys(CATEGORIES, 0.0)
+        self._other_exported = 0.0
         self.flops_total = 0.0
         self.flop_seconds_total = 0.0
         self.data_total = 0.0
@@ -210,10 +213,13 @@ class EfficiencyTracker:
         t = self.totals
         t["data"] = self.data_total
         t["train"] = max(0.0, self.step_total - self.data_total)
-        # Monotonic (a counter): a region reported after a later step never shrinks it.
-        t["other"] = max(t["other"], wall - sum(t[k] for k in CATEGORIES if k != "other"))
+        t["other"] = max(0.0, wall - sum(t[k] for k in CATEGORIES if k != "other"))
+        # The counter stays monotonic even when a region is drained after a later step
+        # had already counted its time as other.
+        self._other_exported = max(self._other_exported, t["other"])
         for k in CATEGORIES:
-            agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), t[k])
+            v = self._other_exported if k == "other" else t[k]
+            agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), v)
         if wall > 0:
             agg.set(c.GOODPUT.name, (), t["train"] / wall)
 
@@ -261,9 +267,11 @@ class EfficiencyTracker:
         counted = self._counted.get(key)
         if counted is not None:
             return counted, "counted", step.index in self._counted_steps
+        flops, source, change = self._scaled(key)
         requests = self._requests.get(key, 0)
         if (
             self._counted
+            and change > RECOUNT_CHANGE
             and requests < MAX_RECOUNT_REQUESTS
             and not probe.armed
             and not probe.failed
@@ -271,10 +279,11 @@ class EfficiencyTracker:
         ):
             self._requests[key] = requests + 1
             probe.arm(0)  # count this new shape on the next step that begins
-        return self._scaled(key)
+        return flops, source, False
 
-    def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, bool]:
-        """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest."""
+    def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, float]:
+        """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest
+        counted one, and the relative change from it (inf when nothing compares)."""
         samples, tokens = key
         for pos, value in ((1, tokens), (0, samples)):
             if not value:
@@ -285,8 +294,8 @@ class EfficiencyTracker:
                 if known and (best is None or abs(known - value) < abs(best[0] - value)):
                     best = (known, f)
             if best is not None:
-                return best[1] * value / best[0], "scaled", False
-        return None, "", False
+                return best[1] * value / best[0], "scaled", abs(value - best[0]) / best[0]
+        return None, "", float("inf")
 
     def _peak_for(self, agg: MetricsAggregator) -> Peak | None:
         self._peak_known = True

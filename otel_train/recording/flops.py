@@ -45,6 +45,7 @@ _MATMUL_NAMES = frozenset({
 
 
 MAX_MISSES = 2  # counted steps of an already-counted shape before a recount gives up
+MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the shapes do
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class FlopProbe:
         self._thread = 0
         self.results: collections.deque[CountResult] = collections.deque(maxlen=64)
         self._seen: set[tuple[int | None, int | None]] = set()
+        self.counted_steps = 0
         self._misses = 0
         self.failed = False
 
@@ -115,7 +117,7 @@ class FlopProbe:
 
     def arm(self, at_index: int = 0) -> None:
         """Count the next step whose index is at least ``at_index`` (worker thread)."""
-        if not self.failed:
+        if not self.failed and self.counted_steps < MAX_COUNTED_STEPS:
             self.target = at_index
             self._rec.flop_probe = self
 
@@ -151,6 +153,7 @@ class FlopProbe:
             return
         try:
             flops, dtype = self._stop()
+            self.counted_steps += 1
             seconds = max(0, t1 - step.t0) / 1e9
             self.results.append(
                 CountResult(step.index, step.samples, step.tokens, flops, dtype, seconds)
@@ -158,7 +161,11 @@ class FlopProbe:
             # The shape is known only once the step has run: when this one was counted
             # already, stay armed for a few more steps to catch the shape asked for.
             key = (step.samples, step.tokens)
-            if key in self._seen and self._misses < MAX_MISSES:
+            if (
+                key in self._seen
+                and self._misses < MAX_MISSES
+                and self.counted_steps < MAX_COUNTED_STEPS
+            ):
                 self._misses += 1
                 self.target = step.index + 1
             else:

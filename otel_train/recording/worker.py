@@ -235,6 +235,8 @@ class Worker:
                 if self.emitter is not None:
                     self.emitter.device_total = total
             total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
+            if self.efficiency is not None:
+                self._observe_efficiency(None)  # regions first: they ended before these steps
             for step in batch:
                 host_s = step.host_seconds
                 self._step_hist.observe(host_s)
@@ -277,8 +279,6 @@ class Worker:
                 if self.efficiency is not None:
                     self._observe_efficiency(step)
                 self.steps_processed += 1
-            if self.efficiency is not None:
-                self._observe_efficiency(None)
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:

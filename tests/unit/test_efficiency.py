@@ -205,12 +205,15 @@ def test_mfu_is_absent_on_cpu_without_a_peak_and_the_estimate_is_six_n_t() -> No
 class _SlowDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self, n: int, delay_s: float) -> None:
         self.n, self.delay_s = n, delay_s
+        self.slept: list[float] = []  # as really elapsed
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
         time.sleep(self.delay_s)
+        self.slept.append(time.perf_counter() - t0)
         return torch.ones(4), torch.zeros(1)
 
 
@@ -219,9 +222,12 @@ class _SlowModel(torch.nn.Module):
         super().__init__()
         self.lin = torch.nn.Linear(4, 1)
         self.delay_s = delay_s
+        self.slept: list[float] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         time.sleep(self.delay_s)
+        self.slept.append(time.perf_counter() - t0)
         return self.lin(x)
 
 
@@ -229,19 +235,22 @@ def test_stall_share_of_a_slowed_loader_is_the_injected_share() -> None:
     data_s, compute_s = 0.03, 0.07  # injected: 30% of each step waits for the batch
     model = _SlowModel(compute_s)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_SlowDataset(8, data_s), batch_size=1)
+    dataset = _SlowDataset(8, data_s)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1)
     tel = InMemoryTelemetry()
     otel_train.instrument(model, optimizer=opt, dataloader=loader, trace_steps="all",
                           console="off", flops="off", **providers(tel))  # fmt: skip
     _train(model, opt, loader)
     otel_train.shutdown()
-    injected = data_s / (data_s + compute_s)
+    # The injected delays as they really elapsed (a loaded machine oversleeps).
+    injected = [d / (d + m) for d, m in zip(dataset.slept, model.slept, strict=True)]
     shares = [s[c.STEP_DATA_STALL.key] for s in _attrs(tel)]
-    assert len(shares) == 8
-    for share in shares[1:]:  # step 0 includes the loader's start-up
-        assert share == pytest.approx(injected, abs=0.05)
+    assert len(shares) == len(injected) == 8
+    for share, want in zip(shares[1:], injected[1:], strict=True):  # step 0: loader start-up
+        assert share == pytest.approx(want, abs=0.05)
     stall = value(tel, c.DATA_STALL.name)
-    assert stall is not None and stall == pytest.approx(injected, abs=0.05)
+    mean_injected = sum(dataset.slept) / (sum(dataset.slept) + sum(model.slept))
+    assert stall is not None and stall == pytest.approx(mean_injected, abs=0.05)
 
 
 def test_goodput_of_a_run_with_an_injected_pause_and_an_evaluation() -> None:
@@ -254,13 +263,18 @@ def test_goodput_of_a_run_with_an_injected_pause_and_an_evaluation() -> None:
             with otel_train.step(samples=1):
                 time.sleep(step_s)
 
+    # The injected times as they really elapsed (a loaded machine oversleeps).
     t0 = time.perf_counter()
     steps(10)
+    t1 = time.perf_counter()
     time.sleep(pause_s)  # outside any step: "other"
+    t2 = time.perf_counter()
     with otel_train.region("evaluation"):
         time.sleep(eval_s)
+    t3 = time.perf_counter()
     steps(10)
     wall = time.perf_counter() - t0
+    pause_s, eval_s = t2 - t1, t3 - t2
     session = otel_train.session.current()
     assert session is not None
     otel_train.shutdown()
@@ -314,3 +328,65 @@ def test_peak_table_unknown_devices_and_the_override() -> None:
     peak = lookup_peak("NVIDIA H100 80GB HBM3", "bf16", override_tflops=500.0)
     assert peak is not None and peak.flops_per_s == 500e12 and peak.device == "setting"
     assert all(row.source for row in PEAKS)
+
+
+def test_a_user_exception_in_the_counted_step_passes_through_and_the_counter_ends() -> None:
+    tel = InMemoryTelemetry()
+    otel_train.configure(trace_steps="all", console="off", flops_count_step=0, **providers(tel))
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(KeyError, match="user's own"), otel_train.step(samples=2):
+        model(torch.ones(2, 4)).sum().backward()
+        raise KeyError("user's own")
+    assert torch._C._len_torch_dispatch_stack() == 0
+    with otel_train.step(samples=2):
+        model(torch.ones(2, 4)).sum().backward()
+    otel_train.shutdown()
+    steps = _attrs(tel)
+    assert steps[0][c.STEP_FLOPS_COUNTED.key] is True
+    assert steps[1][c.STEP_FLOPS.key] == 2 * (2 * 2 * 4 * 4)  # forward, weight gradient
+
+
+def test_a_failing_flop_counter_disables_counting_only(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch.utils.flop_counter as flop_counter
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no counter today")
+
+    monkeypatch.setattr(flop_counter, "FlopCounterMode", broken)
+    tel = InMemoryTelemetry()
+    otel_train.configure(trace_steps="all", console="off", **providers(tel))
+    model = torch.nn.Linear(4, 4)
+    for _ in range(4):
+        with otel_train.step(samples=2):
+            model(torch.ones(2, 4)).sum().backward()
+    session = otel_train.session.current()
+    assert session is not None
+    assert session.recorder.flop_probe is None and session.recorder.enabled
+    otel_train.shutdown()
+    steps = _attrs(tel)
+    assert len(steps) == 4
+    assert all(c.STEP_FLOPS.key not in s and c.STEP_DATA_STALL.key in s for s in steps)
+    assert sum("counting FLOPs failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_shape_within_ten_percent_of_a_counted_one_is_scaled_not_recounted() -> None:
+    model = torch.nn.Linear(8, 8)
+    tel = InMemoryTelemetry()
+    otel_train.configure(trace_steps="all", console="off", **providers(tel))
+    session = otel_train.session.current()
+    assert session is not None
+    for i, tokens in enumerate([100, 100, 100, 105, 100]):
+        with otel_train.step(samples=1, tokens=tokens):
+            model(torch.ones(tokens, 8)).sum().backward()
+        deadline = time.monotonic() + 10
+        while session.worker.steps_processed <= i and time.monotonic() < deadline:
+            time.sleep(0.005)
+    probe_after = session.recorder.flop_probe
+    otel_train.shutdown()
+    steps = _attrs(tel)
+    assert [s.get(c.STEP_FLOPS_COUNTED.key, False) for s in steps] == [False, True] + [False] * 3
+    assert steps[3][c.STEP_FLOPS_SOURCE.key] == "scaled"
+    assert steps[3][c.STEP_FLOPS.key] == pytest.approx(steps[2][c.STEP_FLOPS.key] * 1.05)
+    assert probe_after is None
