@@ -287,7 +287,8 @@ class Settings:
         metadata={
             "parse": _choice("auto", "fp32", "tf32", "bf16", "fp16", "fp8"),
             "doc": "Dtype whose peak MFU uses; auto: the dtype the counted step's matmuls ran "
-            "in (float32 is tf32 unless the matmul precision is 'highest').",
+            "in (float32 is tf32 unless the matmul precision is 'highest'); without a count, "
+            "the model's parameter dtype (set it when autocasting).",
         },
     )
 

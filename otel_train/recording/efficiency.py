@@ -186,7 +186,6 @@ class EfficiencyTracker:
             self.flops_total += flops
             self.flop_seconds_total += seconds
         self._extend(step.host_start, step.host_end)
-        self._goodput(agg)
         return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
                               counted)  # fmt: skip
 
@@ -198,7 +197,7 @@ class EfficiencyTracker:
             kind, t0, t1 = done.popleft()
             self.totals[kind] += max(0, t1 - t0) / 1e9
             self._extend(t0, t1)
-        self._goodput(agg)
+        self.publish_goodput(agg)
 
     def _extend(self, t0: int, t1: int) -> None:
         if self.first is None or t0 < self.first:
@@ -206,7 +205,8 @@ class EfficiencyTracker:
         if self.last is None or t1 > self.last:
             self.last = t1
 
-    def _goodput(self, agg: MetricsAggregator) -> None:
+    def publish_goodput(self, agg: MetricsAggregator | None) -> None:
+        """Split the wall time into categories; export them (once per batch of steps)."""
         if self.first is None or self.last is None:
             return
         wall = max(0, self.last - self.first) / 1e9
@@ -217,6 +217,8 @@ class EfficiencyTracker:
         # The counter stays monotonic even when a region is drained after a later step
         # had already counted its time as other.
         self._other_exported = max(self._other_exported, t["other"])
+        if agg is None:
+            return
         for k in CATEGORIES:
             v = self._other_exported if k == "other" else t[k]
             agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), v)
@@ -224,6 +226,7 @@ class EfficiencyTracker:
             agg.set(c.GOODPUT.name, (), t["train"] / wall)
 
     def goodput_shares(self) -> tuple[float, dict[str, float]] | None:
+        self.publish_goodput(None)
         if self.first is None or self.last is None or self.last <= self.first:
             return None
         wall = (self.last - self.first) / 1e9

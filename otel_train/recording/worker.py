@@ -236,7 +236,7 @@ class Worker:
                     self.emitter.device_total = total
             total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
             if self.efficiency is not None:
-                self._observe_efficiency(None)  # regions first: they ended before these steps
+                self._observe_efficiency(None, "begin")  # regions first: they ended earlier
             for step in batch:
                 host_s = step.host_seconds
                 self._step_hist.observe(host_s)
@@ -279,19 +279,23 @@ class Worker:
                 if self.efficiency is not None:
                     self._observe_efficiency(step)
                 self.steps_processed += 1
+            if batch and self.efficiency is not None:
+                self._observe_efficiency(None, "end")  # goodput, once per batch
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
 
-    def _observe_efficiency(self, step: ResolvedStep | None) -> None:
+    def _observe_efficiency(self, step: ResolvedStep | None, when: str = "") -> None:
         """MFU, data stall and goodput (efficiency.py); a failure disables only them."""
         assert self.efficiency is not None
         try:
-            if step is None:
+            if step is not None:
+                step.efficiency = self.efficiency.observe(step, self.agg)
+            elif when == "begin":
                 self.efficiency.drain_regions(self.agg)
             else:
-                step.efficiency = self.efficiency.observe(step, self.agg)
+                self.efficiency.publish_goodput(self.agg)
         except Exception:
             self.efficiency = self.console.efficiency = None
             _log.exception("otel-train: computing efficiency figures failed; they are disabled")
