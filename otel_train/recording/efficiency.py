@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Literal
@@ -123,7 +122,6 @@ class EfficiencyTracker:
         self.flop_seconds_total = 0.0
         self.data_total = 0.0
         self.step_total = 0.0
-        self.lock = threading.Lock()
 
     def note_model(self, target: Any) -> None:
         """Remember a model instrument() saw (the 6 x parameters x tokens estimate needs it)."""
