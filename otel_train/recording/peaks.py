@@ -75,8 +75,9 @@ PEAKS: tuple[PeakRow, ...] = (
             "fp16": 1307.4, "fp8": 2614.9}, _MI300),
     PeakRow(r"MI300X", "MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4,
             "fp16": 1307.4, "fp8": 2614.9}, _MI300),
-    PeakRow(r"MI250X|MI250", "MI250X", {"fp32": 95.7, "bf16": 383.0, "fp16": 383.0},
-            "AMD Instinct MI250X data sheet (fp32: matrix rate)"),
+    # Each MI250X package shows up as two devices (one per GCD): half the package peak.
+    PeakRow(r"MI250X|MI250", "MI250X GCD", {"fp32": 47.85, "bf16": 191.5, "fp16": 191.5},
+            "AMD Instinct MI250X data sheet, halved per GCD (fp32: matrix rate)"),
 )  # fmt: skip
 
 

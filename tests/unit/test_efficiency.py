@@ -312,7 +312,7 @@ def test_region_kind_is_checked() -> None:
         ("NVIDIA B200", "bf16", "B200", 2250.0),
         ("NVIDIA L40S", "fp16", "L40S", 362.05),
         ("AMD Instinct MI300X", "bf16", "MI300X", 1307.4),
-        ("AMD Instinct MI250X/MI250", "tf32", "MI250X", 95.7),  # no TF32 units: fp32 rate
+        ("AMD Instinct MI250X/MI250", "tf32", "MI250X GCD", 47.85),  # no TF32: the fp32 rate
     ],
 )
 def test_peak_table_lookup_by_device_name(name: str, dtype: str, label: str, tflops: float) -> None:
