@@ -222,7 +222,10 @@ def straggler_panel(grid: tuple[int, int, int, int]) -> dict[str, Any]:
     defaults.update({"min": 0, "max": 1, "links": [slow_traces_link()]})
     defaults["thresholds"] = {
         "mode": "absolute",
-        "steps": [{"color": "red", "value": None}, {"color": "green", "value": STRAGGLER_THRESHOLD}],
+        "steps": [
+            {"color": "red", "value": None},
+            {"color": "green", "value": STRAGGLER_THRESHOLD},
+        ],
     }
     defaults["custom"]["thresholdsStyle"] = {"mode": "line"}
     return p
@@ -310,8 +313,61 @@ def overview() -> dict[str, Any]:
             (12, 24, 12, 8),
         ),
         straggler_panel((0, 32, 24, 8)),
+        *efficiency_panels(40),
     ]
     return dashboard("otel-train-overview", "otel-train: training overview", panels, ["training"])
+
+
+def efficiency_panels(y: int) -> list[dict[str, Any]]:
+    """MFU, achieved FLOP/s, data stall share and goodput, one line per rank."""
+    by_rank = "rank {{otel_train_rank}}"
+    time_share = (
+        f"sum by (category) (rate({n(c.RUN_TIME)}{{{F}}}[{RATE}])) "
+        f"/ scalar(sum(rate({n(c.RUN_TIME)}{{{F}}}[{RATE}])))"
+    )
+    return [
+        panel(
+            "MFU by rank",
+            [target(f"max by (otel_train_rank) ({n(c.MFU)}{{{F}}})", by_rank, "A")],
+            "percentunit",
+            (0, y, 12, 8),
+            description="Achieved FLOP/s over the device's dense datasheet peak for the matmul "
+            "dtype (or the peak_tflops setting). Absent where no peak is known.",
+        ),
+        panel(
+            "Achieved FLOP/s by rank",
+            [
+                target(
+                    f"max by (otel_train_rank) ({n(c.THROUGHPUT_FLOPS)}{{{F}}})", by_rank, "A"
+                ),
+                target(f"max({n(c.DEVICE_PEAK_FLOPS)}{{{F}}})", "peak ({{dtype}})", "B"),
+            ],
+            "flops",
+            (12, y, 12, 8),
+            description="Step FLOPs (counted once per batch shape, given or estimated) over "
+            "step time.",
+        ),
+        panel(
+            "Data stall share by rank",
+            [target(f"max by (otel_train_rank) ({n(c.DATA_STALL)}{{{F}}})", by_rank, "A")],
+            "percentunit",
+            (0, y + 8, 12, 8),
+            description="Share of step time spent waiting for the next batch. A rank above "
+            "the others is starved by its loader.",
+        ),
+        panel(
+            "Goodput: where run time goes",
+            [
+                target(time_share, "{{category}}", "A"),
+            ],
+            "percentunit",
+            (12, y + 8, 12, 8),
+            stacked=True,
+            description="Share of wall time in training (steps less data waits), data "
+            "waits, evaluation, checkpointing and other time outside steps. Goodput is the "
+            "train share.",
+        ),
+    ]
 
 
 RL = "rollout|train|optimizer|weight_sync"

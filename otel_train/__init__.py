@@ -36,6 +36,7 @@ __all__ = [
     "instrument",
     "phase",
     "record",
+    "region",
     "shutdown",
     "step",
 ]
@@ -90,6 +91,7 @@ def instrument(
         inst.uninstrument()
         raise
     sess.instrumentations[id(target)] = inst
+    sess.efficiency.note_model(target)
     return inst
 
 
@@ -125,6 +127,17 @@ def step(samples: int | None = None, tokens: int | None = None) -> StepScope | _
     """``with otel_train.step(samples=..., tokens=...):`` marks one training step."""
     rec = _recorder()
     return _NULL if rec is None else rec.step(samples, tokens)
+
+
+def region(kind: str) -> Any:
+    """``with otel_train.region("evaluation"):`` (or ``"checkpoint"``) marks time outside
+    training steps for the goodput breakdown; anything else outside steps counts as other."""
+    if session.forked_child:
+        return _NULL
+    current = session.current()
+    if current is None or current.closed:
+        current = session.get_or_create()
+    return current.regions.region(kind)
 
 
 def record(**scalars: Any) -> None:

@@ -82,6 +82,47 @@ STEP_THROUGHPUT_SAMPLES = AttributeSpec(
 STEP_THROUGHPUT_TOKENS = AttributeSpec(
     "otel_train.step.throughput.tokens", "double", "{token}/s", "Tokens / host step time."
 )
+STEP_FLOPS = AttributeSpec(
+    "otel_train.step.flops",
+    "double",
+    "{flop}",
+    "FLOPs of the step (matmul, convolution and attention FLOPs, forward and backward). "
+    "Absent when unknown.",
+)
+STEP_FLOPS_SOURCE = AttributeSpec(
+    "otel_train.step.flops.source",
+    "string",
+    "",
+    "Where the step's FLOPs come from: counted (FlopCounterMode over a step of this batch "
+    "shape), scaled (from the nearest counted shape, linear in tokens or samples), given "
+    "(flops_per_step setting) or estimate (6 x trainable parameters x tokens).",
+)
+STEP_FLOPS_COUNTED = AttributeSpec(
+    "otel_train.step.flops.counted",
+    "boolean",
+    "",
+    "True on the step whose FLOPs were counted: it ran slower under the counter, so it "
+    "has no FLOP rate or MFU. Absent on other steps.",
+)
+STEP_THROUGHPUT_FLOPS = AttributeSpec(
+    "otel_train.step.throughput.flops",
+    "double",
+    "{flop}/s",
+    "Achieved FLOP/s: step FLOPs / step time (device time with CUDA, host time otherwise).",
+)
+STEP_MFU = AttributeSpec(
+    "otel_train.step.mfu",
+    "double",
+    "1",
+    "Model FLOPs utilization: achieved FLOP/s / the device's dense peak for the matmul "
+    "dtype. Absent when no peak is known (CPU without the peak_tflops setting).",
+)
+STEP_DATA_STALL = AttributeSpec(
+    "otel_train.step.data_stall",
+    "double",
+    "1",
+    "Share of the step's host wall time spent waiting for the batch (top-level data phases).",
+)
 PHASE_NAME = AttributeSpec("otel_train.phase.name", "string", "", "Phase name.")
 PHASE_CLOCK = AttributeSpec(
     "otel_train.phase.clock",
@@ -237,6 +278,12 @@ STEP_SPAN = SpanSpec(
         STEP_DEVICE_DURATION,
         STEP_THROUGHPUT_SAMPLES,
         STEP_THROUGHPUT_TOKENS,
+        STEP_FLOPS,
+        STEP_FLOPS_SOURCE,
+        STEP_FLOPS_COUNTED,
+        STEP_THROUGHPUT_FLOPS,
+        STEP_MFU,
+        STEP_DATA_STALL,
         STEP_SAMPLED_BECAUSE,
     ),
 )
@@ -279,6 +326,8 @@ A_CLOCK = "clock"
 A_KIND = "kind"
 A_NAME = "name"
 A_REASON = "reason"
+A_DTYPE = "dtype"
+A_CATEGORY = "category"
 
 METRIC_ATTRIBUTES = {
     A_PHASE: "Phase name (data, forward, backward, optimizer, rollout, ...).",
@@ -290,6 +339,9 @@ METRIC_ATTRIBUTES = {
     "scalar_names (user scalars with a new name past the 256-name cap), export (spans whose "
     "OTLP export failed), span_queue (spans dropped because the export queue was full) or "
     "metric_export (metric data points whose OTLP export failed).",
+    A_DTYPE: "Matmul dtype the peak is for: fp32, tf32, bf16, fp16 or fp8.",
+    A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
+    "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",
 }
 
 # --- metrics -----------------------------------------------------------------
@@ -348,6 +400,61 @@ THROUGHPUT_TOKENS = MetricSpec(
     "{token}/s",
     "Tokens per second of wall time over the recent throughput window.",
 )
+THROUGHPUT_FLOPS = MetricSpec(
+    "otel_train.throughput.flops",
+    "gauge",
+    "{flop}/s",
+    "Achieved FLOP/s over the recent throughput window: step FLOPs / step time (device time "
+    "with CUDA). The counted step is left out.",
+)
+MFU = MetricSpec(
+    "otel_train.mfu",
+    "gauge",
+    "1",
+    "Model FLOPs utilization over the recent throughput window: achieved FLOP/s / dense "
+    "peak. Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
+)
+DEVICE_PEAK_FLOPS = MetricSpec(
+    "otel_train.device.peak_flops",
+    "gauge",
+    "{flop}/s",
+    "Dense peak FLOP/s MFU is measured against (datasheet table, or the peak_tflops "
+    "setting). Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
+    (A_DTYPE,),
+)
+FLOPS_PER_STEP = MetricSpec(
+    "otel_train.flops.per_step",
+    "gauge",
+    "{flop}",
+    "FLOPs of the most recent step (counted, scaled, given or estimated).",
+)
+FLOPS_COUNT_COST = MetricSpec(
+    "otel_train.flops.count_cost",
+    "gauge",
+    "s",
+    "Extra wall time the FLOP-counting step took: its duration less the median of the "
+    "next five steps'.",
+)
+DATA_STALL = MetricSpec(
+    "otel_train.data.stall",
+    "gauge",
+    "1",
+    "Share of step wall time spent waiting for batches (data phases) over the recent "
+    "throughput window.",
+)
+RUN_TIME = MetricSpec(
+    "otel_train.run.time",
+    "counter",
+    "s",
+    "Run wall time since the first step, by where it went.",
+    (A_CATEGORY,),
+)
+GOODPUT = MetricSpec(
+    "otel_train.goodput",
+    "gauge",
+    "1",
+    "Share of run wall time (since the first step) spent training: steps less data waits.",
+)
 STEPS = MetricSpec("otel_train.steps", "counter", "{step}", "Training steps completed.")
 SAMPLES = MetricSpec("otel_train.samples", "counter", "{sample}", "Samples processed.")
 TOKENS = MetricSpec("otel_train.tokens", "counter", "{token}", "Tokens processed.")
@@ -392,6 +499,14 @@ METRICS = (
     HOST_MEMORY_TOTAL,
     THROUGHPUT_SAMPLES,
     THROUGHPUT_TOKENS,
+    THROUGHPUT_FLOPS,
+    MFU,
+    DEVICE_PEAK_FLOPS,
+    FLOPS_PER_STEP,
+    FLOPS_COUNT_COST,
+    DATA_STALL,
+    RUN_TIME,
+    GOODPUT,
     STEPS,
     SAMPLES,
     TOKENS,

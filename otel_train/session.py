@@ -21,6 +21,7 @@ from .recording.aggregate import MetricsAggregator
 from .recording.console import ConsoleReporter
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
+from .recording.efficiency import EfficiencyTracker, RegionLog
 from .recording.instruments import Publisher
 from .recording.recorder import Recorder
 from .recording.sampling import StepSampler
@@ -81,6 +82,11 @@ class Session:
         if debug is not None:
             sampler.always = debug.wants_trace
         console = ConsoleReporter(settings.console_every, settings.console)
+        self.regions = RegionLog()
+        self.efficiency = EfficiencyTracker(
+            settings, self.recorder, self.regions, settings.throughput_window
+        )
+        console.efficiency = self.efficiency
         self.worker = Worker(
             self.recorder,
             self.aggregator,
@@ -90,6 +96,7 @@ class Session:
             console,
             settings.throughput_window,
             export_drops=t.health.counts if t.health is not None else None,
+            efficiency=self.efficiency,
         )
         self.instrumentations: dict[int, Instrumentation] = {}
         self.closed = False
@@ -124,6 +131,8 @@ class Session:
         rec = self.recorder
         if rec.current_step is not None and rec.enabled:
             rec.end_step(rec.current_step.mode)
+        if self.efficiency.probe is not None:
+            self.efficiency.probe.abort()  # a count still running (a step never ended)
         if rec.debug is not None:
             rec.debug.close()  # a profiler window cut short still writes its trace
         # Half the budget for resolving and emitting, the rest for the exporters.

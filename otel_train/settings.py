@@ -83,6 +83,17 @@ def _float_range(lo: float, hi: float) -> Callable[[str, Any], float]:
     return parse
 
 
+def _optional_float(lo: float, hi: float) -> Callable[[str, Any], float | None]:
+    number = _float_range(lo, hi)
+
+    def parse(name: str, value: Any) -> float | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+            return None
+        return number(name, value)
+
+    return parse
+
+
 def _optional_str(name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -336,6 +347,47 @@ class Settings:
         metadata={
             "parse": _directory,
             "doc": "Directory for profiler traces and memory snapshots.",
+        },
+    )
+
+    flops: str = field(
+        default="count",
+        metadata={
+            "parse": _choice("count", "estimate", "off"),
+            "doc": "FLOPs per step for MFU: count (FlopCounterMode over one step per batch "
+            "shape; that step runs slower), estimate (6 x trainable parameters x tokens, "
+            "decoder-only transformers), off.",
+        },
+    )
+    flops_per_step: float | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_float(0.0, 1e24),
+            "doc": "FLOPs of one training step, if you know them (replaces counting).",
+        },
+    )
+    flops_count_step: int = field(
+        default=1,
+        metadata={
+            "parse": _int_range(0, 10**9),
+            "doc": "Index of the step whose FLOPs are counted (1 = the second, after warm-up).",
+        },
+    )
+    peak_tflops: float | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_float(1e-6, 1e7),
+            "doc": "Dense peak TFLOP/s of one device for MFU; default: the datasheet table "
+            "by device name (CUDA). Without it a CPU run has no MFU.",
+        },
+    )
+    peak_dtype: str = field(
+        default="auto",
+        metadata={
+            "parse": _choice("auto", "fp32", "tf32", "bf16", "fp16", "fp8"),
+            "doc": "Dtype whose peak MFU uses; auto: the dtype the counted step's matmuls ran "
+            "in (float32 is tf32 unless the matmul precision is 'highest'); without a count, "
+            "the model's parameter dtype (set it when autocasting).",
         },
     )
 

@@ -7,6 +7,7 @@ runs them in reverse order, exactly once, and leaves the target as it was.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -96,6 +97,24 @@ def patch_attribute(inst: Instrumentation, obj: Any, name: str, value: Any) -> N
                 delattr(obj, name)
 
     inst.on_undo(undo)
+
+
+def mark_region(inst: Instrumentation, obj: Any, name: str, kind: str) -> None:
+    """Time each ``obj.name()`` call as a goodput region (``evaluation`` or ``checkpoint``),
+    if ``obj`` has that method; undone with the instrumentation."""
+    method = getattr(obj, name, None)
+    if not callable(method):
+        return
+    regions = inst.session.regions
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not inst.active:
+            return method(*args, **kwargs)
+        with regions.region(kind):
+            return method(*args, **kwargs)
+
+    patch_attribute(inst, obj, name, wrapper)
 
 
 def count_batch(batch: Any) -> tuple[int | None, int | None]:

@@ -27,10 +27,13 @@ and backward nested inside::
 
 Gradient clipping, the LR scheduler and ``zero_grad`` lie inside the step but in no
 phase; logging, evaluation and checkpointing (after ``on_step_end``) lie between steps.
+``Trainer.evaluate`` and ``Trainer._save_checkpoint`` are timed as the goodput
+regions ``evaluation`` and ``checkpoint``.
 
 What ``instrument()`` changes, all undone by ``uninstrument()``: one callback in
 ``trainer.callback_handler``, a forward pre-hook on ``trainer.model``, instance
-attributes ``get_batch_samples`` and ``training_step`` wrapping the class's methods,
+attributes ``get_batch_samples``, ``training_step``, ``evaluate`` and ``_save_checkpoint``
+wrapping the class's methods,
 and the process-wide wrapper around ``torch.autograd.backward`` shared with the
 plain-loop adapter. ``transformers`` is imported only when a Trainer is instrumented.
 
@@ -47,7 +50,14 @@ import torch
 
 from ..recording.recorder import ADAPTER, Recorder
 from . import torch_loop
-from .base import Instrumentation, close_phases, count_batch, guarded, patch_attribute
+from .base import (
+    Instrumentation,
+    close_phases,
+    count_batch,
+    guarded,
+    mark_region,
+    patch_attribute,
+)
 
 EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
@@ -272,6 +282,9 @@ def attach(
               in_step),
     )  # fmt: skip
     inst.on_undo(torch_loop.hold_backward(adapter))
+    # Goodput: evaluation and checkpoint saving, between optimizer steps.
+    mark_region(inst, trainer, "evaluate", "evaluation")
+    mark_region(inst, trainer, "_save_checkpoint", "checkpoint")
 
     def deactivate() -> None:
         adapter.active = False

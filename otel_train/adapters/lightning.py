@@ -22,9 +22,12 @@ dimension of the first tensor for samples). With ``accumulate_grad_batches > 1``
 micro-batch's forward and backward sit under a ``microstep`` phase, and the data gaps
 between micro-batches are ``data`` phases of the same step. A data gap that ends in
 validation or at the end of an epoch is dropped rather than recorded as a step.
-``on_exception`` marks the open phases with the error.
+``on_exception`` marks the open phases with the error. Validation during ``fit``
+(``on_validation_start`` to ``on_validation_end``) is the goodput region
+``evaluation``, and ``trainer.save_checkpoint`` the region ``checkpoint``.
 
-What ``instrument()`` changes: one callback appended to ``trainer.callbacks``, which
+What ``instrument()`` changes: one callback appended to ``trainer.callbacks`` and an
+instance attribute ``save_checkpoint`` wrapping the class's method, which
 ``uninstrument()`` removes. ``lightning`` is imported only when a Trainer is instrumented.
 
 Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
@@ -37,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..recording.recorder import ADAPTER, Recorder
-from .base import Instrumentation, close_phases, count_batch, guarded
+from .base import Instrumentation, close_phases, count_batch, guarded, mark_region
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -88,6 +91,7 @@ class LightningAdapter:
         self.stepped = False  # the optimizer stepped in this batch: the step ends with it
         self.accumulating = False
         self.resume_after_validation = False
+        self.validation: Any = None  # the open goodput region of a validation run
 
     def open_gap(self) -> None:
         """A data gap starts: in the open step while accumulating, else in a new one."""
@@ -164,8 +168,14 @@ class LightningAdapter:
         if self.active and not getattr(trainer, "sanity_checking", False):
             self.resume_after_validation = self.rec.current_step is not None
             self.drop_gap()
+            if self.validation is None:  # goodput: time in validation
+                self.validation = self.inst.session.regions.region("evaluation")
+                self.validation.__enter__()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.validation is not None:
+            self.validation.__exit__(None, None, None)
+            self.validation = None
         if self.active and self.resume_after_validation:
             self.resume_after_validation = False
             self.open_gap()
@@ -223,9 +233,12 @@ def attach(
             callbacks.remove(callback)
 
     inst.on_undo(remove_callback)
+    mark_region(inst, trainer, "save_checkpoint", "checkpoint")
 
     def deactivate() -> None:
         adapter.active = False
+        if adapter.validation is not None:
+            adapter.on_validation_end(trainer, None)
         close_phases(adapter.rec, _PHASES)
         adapter.rec.discard_step_if_only("data")
         adapter.rec.end_step(ADAPTER)

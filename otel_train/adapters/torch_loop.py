@@ -41,19 +41,18 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     assert original is not None
     rec = None
     try:
-        # All adapters share the session's recorder; outside a step the boundary is a no-op,
-        # unless a compiled forward opened no step (see forward_pre_hook): then backward does.
-        if _ACTIVE:
-            rec = _ACTIVE[0].rec
-            if rec.enabled:
-                begin = 0
-                for adapter in _ACTIVE:
-                    if getattr(adapter, "compiled", False):
-                        begin = ADAPTER
-                        break
-                rec.transition("forward", "backward", begin=begin)
-            else:
-                rec = None
+        # Adapters of the live session share its recorder (those of a session shut down
+        # hold a disabled one); outside a step the boundary is a no-op, unless a compiled
+        # forward opened no step (see forward_pre_hook): then backward opens it.
+        begin = 0
+        for adapter in _ACTIVE:
+            if adapter.rec.enabled:
+                rec = adapter.rec
+                if getattr(adapter, "compiled", False):
+                    begin = ADAPTER
+                    rec.compiled_seen = True  # (FLOP counting steps aside)
+        if rec is not None:
+            rec.transition("forward", "backward", begin=begin)
     except Exception:  # telemetry never raises into training
         _log.exception("otel-train: timing backward failed")
         rec = None

@@ -15,7 +15,7 @@ device.
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from .resolved import ResolvedStep
 
@@ -73,6 +73,10 @@ class ConsoleReporter:
         self.run_samples = 0
         self.run_tokens = 0
         self.last_scalars: dict[str, float] = {}
+        self.efficiency: Any = None  # efficiency.EfficiencyTracker, when there is one
+        self._win_flops = 0.0
+        self._win_flop_seconds = 0.0
+        self._win_data = 0.0
 
     @property
     def stream(self) -> TextIO | None:
@@ -89,6 +93,12 @@ class ConsoleReporter:
         self._win_max = max(self._win_max, seconds)
         self._win_samples += step.samples or 0
         self._win_tokens += step.tokens or 0
+        eff = step.efficiency
+        if eff is not None:
+            self._win_data += eff.data_share * seconds
+            if eff.flops_per_s:
+                self._win_flops += eff.flops
+                self._win_flop_seconds += eff.flops / eff.flops_per_s
         self.run_steps += 1
         self.run_step_seconds += seconds
         self.run_samples += step.samples or 0
@@ -145,6 +155,7 @@ class ConsoleReporter:
             head += f"  {self._win_samples / self._win_seconds:,.0f} samples/s"
         if self._win_seconds > 0 and self._win_tokens:
             head += f"  {self._win_tokens / self._win_seconds:,.0f} tokens/s"
+        head += self._efficiency_head()
         if self.last_scalars:
             head += "  " + "  ".join(f"{k} {v:.4g}" for k, v in self.last_scalars.items())
         lines = [
@@ -161,6 +172,20 @@ class ConsoleReporter:
             )
         print("\n".join(lines), file=out, flush=True)
         self._reset_window()
+
+    def _efficiency_head(self) -> str:
+        tracker = self.efficiency
+        if tracker is None:
+            return ""
+        text = ""
+        if self._win_flop_seconds > 0:
+            rate = self._win_flops / self._win_flop_seconds
+            text += f"  {rate / 1e12:,.3g} TFLOP/s"
+            if tracker.peak is not None:
+                text += f"  MFU {100.0 * rate / tracker.peak.flops_per_s:.1f}%"
+        if self._win_seconds > 0:
+            text += f"  data stall {100.0 * self._win_data / self._win_seconds:.1f}%"
+        return text
 
     def _fold_window(self, into: dict[tuple[int, str], _PhaseTotals]) -> None:
         for key, w in self._window.items():
@@ -180,6 +205,7 @@ class ConsoleReporter:
         self._win_max = 0.0
         self._win_samples = 0
         self._win_tokens = 0
+        self._win_flops = self._win_flop_seconds = self._win_data = 0.0
 
     def summary_text(self) -> str:
         if self.run_steps == 0 or self.first_start is None or self.last_end is None:
@@ -194,6 +220,10 @@ class ConsoleReporter:
             lines.append(f"  {self.run_samples:,} samples ({self.run_samples / wall:,.1f}/s)")
         if self.run_tokens:
             lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
+        if self.efficiency is not None:
+            from .efficiency import summary_lines
+
+            lines += summary_lines(self.efficiency, fmt_seconds)
         lines.append(
             f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}"
         )

@@ -168,11 +168,14 @@ class Recorder:
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
         self._debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
+        # FLOP counting (recording/flops.py): set only while a step is to be counted.
+        self._flop_probe: Any = None
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
         self._defer = self._may_defer()
         self._tls = threading.local()
         self._current: OpenStep | None = None
         self._next_index = 0
+        self.compiled_seen = False  # an adapter saw its model run under torch.compile
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
         self._scopes: dict[str, PhaseScope] = {}
@@ -217,8 +220,21 @@ class Recorder:
             self._debug = hooks
             self._defer = self._may_defer()
 
+    @property
+    def flop_probe(self) -> Any:
+        return self._flop_probe
+
+    @flop_probe.setter
+    def flop_probe(self, probe: Any) -> None:
+        # A counted step runs under a dispatch mode entered and left on the training
+        # thread at the step's boundaries: no deferral while a count is due.
+        with self._lock:
+            self._settle()
+            self._flop_probe = probe
+            self._defer = self._may_defer()
+
     def _may_defer(self) -> bool:
-        return not self._want_cuda and self._debug is None
+        return not self._want_cuda and self._debug is None and self._flop_probe is None
 
     @property
     def current_step(self) -> OpenStep | None:
@@ -282,6 +298,7 @@ class Recorder:
         self, mode: int, samples: int | None = None, tokens: int | None = None
     ) -> OpenStep | None:
         if not self.enabled:
+            self._disabled()
             return None
         try:
             t = perf_counter_ns()
@@ -333,6 +350,10 @@ class Recorder:
             self._current = step
             if self._debug is not None:
                 self._debug.step_started(step.index)
+            if self._flop_probe is not None and stack is self._tls_stack():
+                # (a boundary logged before the probe was armed may be replayed on the
+                # worker: the dispatch mode belongs on the step's own thread)
+                self._flop_probe.begin(step)
             return step
         except Exception:
             self._fail()
@@ -340,6 +361,7 @@ class Recorder:
 
     def end_step(self, mode: int) -> None:
         if not self.enabled:
+            self._disabled()
             return
         try:
             t = perf_counter_ns()
@@ -391,6 +413,8 @@ class Recorder:
                 self._release_step(step)
 
     def _close(self, step: OpenStep, t1: int) -> None:
+        if self._flop_probe is not None:
+            self._flop_probe.end(step, t1)
         step.t1 = t1
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
@@ -419,6 +443,7 @@ class Recorder:
 
     def enter(self, name: str) -> None:
         if not self.enabled:
+            self._disabled()
             return
         try:
             t = perf_counter_ns()
@@ -480,6 +505,7 @@ class Recorder:
 
     def exit(self, exc_type: Any = None, exc: Any = None, name: str | None = None) -> None:
         if not self.enabled:
+            self._disabled()
             return
         try:
             t = perf_counter_ns()
@@ -546,6 +572,7 @@ class Recorder:
         must be taken at the boundary itself, so it runs at once.
         """
         if not self.enabled:
+            self._disabled()
             return
         try:
             if self._defer:
@@ -671,9 +698,16 @@ class Recorder:
 
     # -- failure --------------------------------------------------------------------
 
+    def _disabled(self) -> None:
+        """A call while recording is off: a FLOP count cut short by it ends on this thread."""
+        probe = self._flop_probe
+        if probe is not None:
+            probe.abort()
+
     def _fail(self) -> None:
         """An error inside telemetry: log once, disable recording, never raise."""
         self.enabled = False
+        self._disabled()
         if not self._failed_once:
             self._failed_once = True
             _log.exception("otel-train: internal error while recording; recording disabled")

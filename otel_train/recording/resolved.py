@@ -56,6 +56,7 @@ class ResolvedStep:
         "dev_end",
         "dev_start",
         "device_seconds",
+        "efficiency",
         "end",
         "error",
         "host_end",
@@ -89,6 +90,7 @@ class ResolvedStep:
         self.scalars: list[tuple[str, float]] = []
         self.error = False
         self.sampled_because = ""
+        self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
 
     @property
     def phases(self) -> list[ResolvedPhase]:

@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import contract as c
+from .efficiency import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
 
 
@@ -50,6 +51,8 @@ class SpanEmitter:
         dev = step.device_seconds
         if dev is not None:
             attrs[c.STEP_DEVICE_DURATION.key] = dev
+        if step.efficiency is not None:
+            span_attributes(step.efficiency, attrs)
         start = step.start + off
         end = max(step.end + off, start)
         root = self._tracer.start_span(

@@ -21,6 +21,7 @@ from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .console import ConsoleReporter
 from .device import DeviceClock
+from .efficiency import EfficiencyTracker
 from .instruments import Publisher
 from .recorder import OpenStep, Recorder
 from .resolved import ResolvedStep
@@ -50,7 +51,9 @@ class Worker:
         throughput_window: int,
         poll_s: float = 0.05,
         export_drops: Callable[[], dict[str, int]] | None = None,
+        efficiency: EfficiencyTracker | None = None,
     ) -> None:
+        self.efficiency = efficiency
         self._export_drops = export_drops
         self.recorder = recorder
         self.agg = aggregator
@@ -249,6 +252,8 @@ class Worker:
                 if self.emitter is not None:
                     self.emitter.device_total = total
             total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
+            if self.efficiency is not None:
+                self._observe_efficiency(None, "begin")  # regions first: they ended earlier
             for step in batch:
                 host_s = step.host_seconds
                 self._step_hist.observe(host_s)
@@ -280,9 +285,13 @@ class Worker:
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
                 self._add_throughput(step)
+                if self.efficiency is not None:
+                    self._observe_efficiency(step)
             self.steps_processed += len(batch)
             if batch:  # gauges are read at collection time: the batch's last value will do
                 self._publish_throughput(batch[-1])
+                if self.efficiency is not None:
+                    self._observe_efficiency(None, "end")  # goodput, once per batch
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:
@@ -301,6 +310,20 @@ class Worker:
         if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
             self._series[device][name] = entry
         return entry
+
+    def _observe_efficiency(self, step: ResolvedStep | None, when: str = "") -> None:
+        """MFU, data stall and goodput (efficiency.py); a failure disables only them."""
+        assert self.efficiency is not None
+        try:
+            if step is not None:
+                step.efficiency = self.efficiency.observe(step, self.agg)
+            elif when == "begin":
+                self.efficiency.drain_regions(self.agg)
+            else:
+                self.efficiency.publish_goodput(self.agg)
+        except Exception:
+            self.efficiency = self.console.efficiency = None
+            _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
     def _add_throughput(self, step: ResolvedStep) -> None:
         window = self._throughput

@@ -60,6 +60,9 @@ def test_evaluation_between_steps_adds_no_steps_or_phases(tel, otel_kwargs) -> N
 
     assert len(step_spans(tel)) == 2
     assert phase_counts(tel)["forward"] == 2  # the eval forwards ran with grad off, outside steps
+    run_time = {p.attributes[c.A_CATEGORY]: p.value for p in tel.points(c.RUN_TIME.name)}
+    assert run_time["evaluation"] > 0  # Trainer.evaluate is the goodput region "evaluation"
+    assert run_time["checkpoint"] == 0  # save_strategy="no"
 
 
 def test_uninstrument_restores_the_trainer_exactly(otel_kwargs) -> None:
@@ -73,6 +76,7 @@ def test_uninstrument_restores_the_trainer_exactly(otel_kwargs) -> None:
     inst.uninstrument()
 
     assert "get_batch_samples" not in vars(trainer) and "training_step" not in vars(trainer)
+    assert "evaluate" not in vars(trainer) and "_save_checkpoint" not in vars(trainer)
     assert trainer.callback_handler.callbacks == callbacks
     assert not trainer.model._forward_pre_hooks
     assert torch.autograd.backward is backward

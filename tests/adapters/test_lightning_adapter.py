@@ -46,9 +46,10 @@ def test_accumulation_shows_data_gaps_and_micro_steps_in_each_step(tel, otel_kwa
     assert total(tel, c.TOKENS.name) == 24 * (SEQ - PAD)
 
 
-def test_validation_and_epoch_ends_do_not_become_steps(tel, otel_kwargs) -> None:
+def test_validation_and_epoch_ends_do_not_become_steps(tel, otel_kwargs, tmp_path) -> None:
     trainer = lightning_trainer(max_epochs=2, val_check_interval=2, limit_val_batches=1,
-                                num_sanity_val_steps=1)  # fmt: skip
+                                num_sanity_val_steps=1, enable_checkpointing=True,
+                                default_root_dir=str(tmp_path))  # fmt: skip
     otel_train.instrument(trainer, **otel_kwargs)
     loader = lightning_loader(n=16, batch_size=4)
     trainer.fit(lightning_module(validation=True), train_dataloaders=loader,
@@ -59,6 +60,11 @@ def test_validation_and_epoch_ends_do_not_become_steps(tel, otel_kwargs) -> None
     assert len(steps) == 8 == trainer.global_step  # 4 batches x 2 epochs, no data-only steps
     assert all(tree(tel, s) == ["data", "forward", "backward", "optimizer"] for s in steps)
     assert total(tel, c.SAMPLES.name) == 32
+    # Goodput: validation runs and checkpoint saves are their own regions, outside steps.
+    run_time = {p.attributes[c.A_CATEGORY]: p.value for p in tel.points(c.RUN_TIME.name)}
+    assert run_time["evaluation"] > 0
+    assert run_time["checkpoint"] > 0
+    assert list(tmp_path.rglob("*.ckpt"))
 
 
 def test_an_exception_in_training_step_marks_the_open_phase(tel, otel_kwargs) -> None:

@@ -55,7 +55,8 @@ PLAIN = textwrap.dedent("""
     ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
     rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
     loader = torch.utils.data.DataLoader(rows, batch_size=16)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader)
+    # A CPU has no datasheet peak: give one so MFU is exported like on a listed GPU.
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, peak_tflops=0.5)
     steps = int(sys.argv[1])
     done = 0
     while done < steps:

@@ -59,6 +59,8 @@ def test_contract_names_are_unique_and_units_are_ucum() -> None:
         "{value}",
         "{item}",
         "{span}",
+        "{flop}",
+        "{flop}/s",
     }
     assert {m.unit for m in c.METRICS} <= allowed
     assert all(m.instrument in ("histogram", "counter", "gauge") for m in c.METRICS)
@@ -145,6 +147,7 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
         trace_steps="all",
         console="off",
         max_pending_steps=2,
+        peak_tflops=1.0,  # MFU and the peak gauge need a peak; a CPU has none in the table
         **providers(tel),
     )
     session = otel_train.session.current()

@@ -26,9 +26,13 @@ def _trees(defer: bool, epochs: int = 2) -> list[tuple[Any, ...]]:
     tel = InMemoryTelemetry()
     model, opt = tiny_model()
     loader = tiny_loader(n=40, batch_size=8)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader, **QUIET, **providers(tel))
+    # (no FLOP count: a count due switches the recorder to immediate boundaries itself)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, flops="off", **QUIET, **providers(tel)
+    )
     session = otel_train.session.current()
     assert session is not None
+    assert session.recorder._defer  # CPU, nothing that needs the boundary itself
     session.recorder._defer = defer
     for _ in range(epochs):
         train_epoch(model, opt, loader)

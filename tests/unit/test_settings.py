@@ -39,6 +39,11 @@ BAD = {
     "profile_steps": ("12-10", "10-", "step range FIRST-LAST"),
     "memory_snapshot": ("always", "5-x", "'off', 'oom' or a step range"),
     "debug_dir": ("", "   ", "directory path"),
+    "flops": ("measure", "on", "'count', 'estimate', 'off'"),
+    "flops_per_step": (-1.0, "lots", "number from 0 to"),
+    "flops_count_step": (-1, "second", "integer from 0 to"),
+    "peak_tflops": (0, "fast", "number from 1e-06 to"),
+    "peak_dtype": ("int8", "float32", "'auto', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8'"),
 }
 
 

@@ -1,0 +1,411 @@
+"""Efficiency figures from resolved steps: achieved FLOP/s, MFU, data stall share, goodput.
+
+Runs on the worker thread, once per resolved step, under the aggregator's lock.
+
+- FLOPs per step come from ``flops_per_step`` (given), ``flops="estimate"``
+  (6 x trainable parameters x tokens, the decoder-only transformer rule, stated as an
+  estimate), or a count (:mod:`.flops`) per batch shape (samples, tokens). A step whose
+  shape has not been counted yet is scaled from the nearest counted shape and
+  labelled ``scaled``; when it differs from that shape by more than 10% the tracker
+  arms the probe to count it on a later step (at most ``MAX_COUNTED_SHAPES`` shapes
+  and ``flops.MAX_COUNTED_STEPS`` counted steps per run, then scaling only).
+- Achieved FLOP/s = FLOPs / step seconds (device time when CUDA events measured it,
+  host time otherwise); MFU = achieved / the device's dense peak for the dtype the
+  matmuls ran in (:mod:`.peaks`). The counted step itself gets no rate (it is slow).
+- Data stall share = time in top-level ``data`` phases / host step time.
+- Goodput = training time (step time minus data waits) / wall time from the first
+  step (or region) to the last; the rest is split into data, evaluation,
+  checkpoint (regions marked with ``otel_train.region()`` or by the trainer adapters)
+  and other (everything outside steps and regions).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any, Literal
+
+import torch
+
+from .. import contract as c
+from ..settings import Settings
+from .aggregate import MetricsAggregator
+from .flops import CountResult, FlopProbe, dtype_label, parameter_count
+from .peaks import Peak, lookup_peak
+from .resolved import ResolvedStep
+
+_log = logging.getLogger("otel_train")
+MAX_COUNTED_SHAPES = 8
+RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
+MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
+COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
+REGION_KINDS = ("evaluation", "checkpoint")
+CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
+
+
+@dataclass(frozen=True)
+class StepEfficiency:
+    flops: float | None
+    source: str  # counted / scaled / given / estimate, "" when unknown
+    flops_per_s: float | None
+    mfu: float | None
+    data_share: float
+    counted: bool
+
+
+class RegionLog:
+    """Evaluation / checkpoint regions, appended by the training thread (bounded)."""
+
+    def __init__(self) -> None:
+        self.done: collections.deque[tuple[str, int, int]] = collections.deque(maxlen=4096)
+
+    def region(self, kind: str) -> Region:
+        if kind not in REGION_KINDS:
+            raise ValueError(
+                f"otel_train.region(): kind must be one of {', '.join(REGION_KINDS)}; got {kind!r}"
+            )
+        return Region(self, kind)
+
+
+class Region:
+    __slots__ = ("_kind", "_log", "_t0")
+
+    def __init__(self, log: RegionLog, kind: str) -> None:
+        self._log = log
+        self._kind = kind
+        self._t0 = 0
+
+    def __enter__(self) -> Region:
+        self._t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: Any) -> Literal[False]:
+        self._log.done.append((self._kind, self._t0, perf_counter_ns()))
+        return False
+
+
+try:
+    from torch._dynamo.eval_frame import OptimizedModule as _OPTIMIZED
+except Exception:  # pragma: no cover - torch builds without Dynamo
+    _OPTIMIZED = ()  # type: ignore[assignment,misc]
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo compiled in this process so far (0 when it was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
+    try:
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
+
+
+class EfficiencyTracker:
+    def __init__(self, settings: Settings, recorder: Any, regions: RegionLog, window: int) -> None:
+        self._given = settings.flops_per_step
+        self._estimate = settings.flops == "estimate" and self._given is None
+        self._peak_tflops = settings.peak_tflops
+        self._peak_dtype = settings.peak_dtype
+        self._regions = regions
+        self.models: list[Any] = []
+        self._params: int | None = None
+        self.probe: FlopProbe | None = None
+        if settings.flops == "count" and self._given is None:
+            self.probe = FlopProbe(recorder, settings.flops_count_step, skip=self._compiled)
+            recorder.flop_probe = self.probe
+        self._recorder = recorder
+        self._graphs_at_start = _dynamo_graphs()
+        self._counted: dict[tuple[int | None, int | None], float] = {}
+        self.count_results: list[CountResult] = []  # one per shape, for the summary
+        self._counted_steps: set[int] = set()
+        self._requests: dict[tuple[int | None, int | None], int] = {}
+        self._cost_pending: CountResult | None = None
+        self._after_count: list[float] = []
+        self.count_cost: float | None = None
+        self.peak: Peak | None = None
+        self._peak_known = False
+        self._dtype = ""
+        self._win: collections.deque[tuple[float, float, float, float]] = collections.deque(
+            maxlen=window
+        )
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # flops, flop seconds, data seconds, step seconds
+        # Goodput.
+        self.first: int | None = None
+        self.last: int | None = None
+        self.totals = dict.fromkeys(CATEGORIES, 0.0)
+        self._other_exported = 0.0
+        self.flops_total = 0.0
+        self.flop_seconds_total = 0.0
+        self.data_total = 0.0
+        self.step_total = 0.0
+
+    def note_model(self, target: Any) -> None:
+        """Remember a model instrument() saw (the 6 x parameters x tokens estimate needs it)."""
+        model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
+        if isinstance(model, torch.nn.Module) and all(m is not model for m in self.models):
+            self.models.append(model)
+            self._params = None
+
+    def _compiled(self) -> bool:
+        """Whether a model runs under torch.compile: counting would recompile it under the
+        counter's dispatch mode (and Dynamo warns about the counter's global hooks)."""
+        if getattr(self._recorder, "compiled_seen", False):
+            return True  # compiled after instrument(): the torch-loop adapter saw it
+        if any(
+            isinstance(m, _OPTIMIZED) or getattr(m, "_compiled_call_impl", None) is not None
+            for m in self.models
+        ):
+            return True
+        # torch.compile(model) after instrument() may leave no mark on the model (its hooks
+        # can run outside the compiled frame): any graph Dynamo compiled since this session
+        # began counts, since compiled kernels are invisible to the counter's dispatch mode.
+        return _dynamo_graphs() > self._graphs_at_start
+
+    # -- per step ----------------------------------------------------------------------
+
+    def observe(self, step: ResolvedStep, agg: MetricsAggregator) -> StepEfficiency:
+        self._take_counts()
+        flops, source, counted = self._flops_of(step)
+        data_s = 0.0
+        for row in step.rows:
+            if row[1] < 0 and row[2] == "data":
+                data_s += row[9]
+        host_s = step.host_seconds
+        seconds = step.device_seconds or host_s
+        rate = mfu = None
+        if flops is not None and not counted and seconds > 0:
+            rate = flops / seconds
+            if self._cost_pending is not None:
+                # Refined with each of the next few steps: their median is the baseline.
+                after = self._after_count
+                after.append(host_s)
+                typical = sorted(after)[len(after) // 2]
+                self.count_cost = max(0.0, self._cost_pending.seconds - typical)
+                agg.set(c.FLOPS_COUNT_COST.name, (), self.count_cost)
+                if len(after) >= COST_BASELINE_STEPS:
+                    self._cost_pending = None
+            peak = self.peak if self._peak_known else self._peak_for(agg)
+            if peak is not None:
+                mfu = rate / peak.flops_per_s
+        # Windowed gauges (running sums over the last ``window`` steps).
+        win, sums = self._win, self._sums
+        if len(win) == win.maxlen:
+            old = win[0]
+            for i in range(4):
+                sums[i] -= old[i]
+        timed = rate is not None and flops is not None
+        item = (flops if timed and flops is not None else 0.0, seconds if timed else 0.0,
+                data_s, host_s)  # fmt: skip
+        win.append(item)
+        for i in range(4):
+            sums[i] += item[i]
+        if sums[3] > 0:
+            agg.set(c.DATA_STALL.name, (), max(0.0, sums[2] / sums[3]))
+        if sums[1] > 0:
+            achieved = sums[0] / sums[1]
+            agg.set(c.THROUGHPUT_FLOPS.name, (), achieved)
+            if self.peak is not None:
+                agg.set(c.MFU.name, (), achieved / self.peak.flops_per_s)
+        if flops is not None:
+            agg.set(c.FLOPS_PER_STEP.name, (), flops)
+        # Run totals and goodput.
+        self.step_total += host_s
+        self.data_total += data_s
+        if rate is not None and flops is not None:
+            self.flops_total += flops
+            self.flop_seconds_total += seconds
+        self._extend(step.host_start, step.host_end)
+        return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
+                              counted)  # fmt: skip
+
+    def drain_regions(self, agg: MetricsAggregator) -> None:
+        done = self._regions.done
+        if not done:
+            return
+        while done:
+            kind, t0, t1 = done.popleft()
+            self.totals[kind] += max(0, t1 - t0) / 1e9
+            self._extend(t0, t1)
+        self.publish_goodput(agg)
+
+    def _extend(self, t0: int, t1: int) -> None:
+        if self.first is None or t0 < self.first:
+            self.first = t0
+        if self.last is None or t1 > self.last:
+            self.last = t1
+
+    def publish_goodput(self, agg: MetricsAggregator | None) -> None:
+        """Split the wall time into categories; export them (once per batch of steps)."""
+        if self.first is None or self.last is None:
+            return
+        wall = max(0, self.last - self.first) / 1e9
+        t = self.totals
+        t["data"] = self.data_total
+        t["train"] = max(0.0, self.step_total - self.data_total)
+        t["other"] = max(0.0, wall - sum(t[k] for k in CATEGORIES if k != "other"))
+        # The counter stays monotonic even when a region is drained after a later step
+        # had already counted its time as other.
+        self._other_exported = max(self._other_exported, t["other"])
+        if agg is None:
+            return
+        for k in CATEGORIES:
+            v = self._other_exported if k == "other" else t[k]
+            agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), v)
+        if wall > 0:
+            agg.set(c.GOODPUT.name, (), t["train"] / wall)
+
+    def goodput_shares(self) -> tuple[float, dict[str, float]] | None:
+        self.publish_goodput(None)
+        if self.first is None or self.last is None or self.last <= self.first:
+            return None
+        wall = (self.last - self.first) / 1e9
+        return wall, {k: v / wall for k, v in self.totals.items()}
+
+    # -- FLOPs -------------------------------------------------------------------------
+
+    def _take_counts(self) -> None:
+        probe = self.probe
+        if probe is None:
+            return
+        while probe.results:
+            r = probe.results.popleft()
+            key = (r.samples, r.tokens)
+            self._counted_steps.add(r.index)
+            if len(self._counted_steps) > 64:
+                self._counted_steps.remove(min(self._counted_steps))
+            if key in self._counted:
+                continue  # a recount that met an already-counted shape
+            self._counted[key] = float(r.flops)
+            self.count_results.append(r)
+            if r.dtype and not self._dtype:
+                self._dtype = r.dtype
+            if not self.count_results[:-1]:
+                self._cost_pending = r  # the first count's cost is the one reported
+
+    def _flops_of(self, step: ResolvedStep) -> tuple[float | None, str, bool]:
+        if self._given is not None:
+            return self._given, "given", False
+        if self._estimate:
+            if step.tokens is None:
+                return None, "", False
+            if self._params is None:
+                self._params = parameter_count(self.models)
+            return (6.0 * self._params * step.tokens, "estimate", False) if self._params else (
+                None, "", False)  # fmt: skip
+        probe = self.probe
+        if probe is None:
+            return None, "", False
+        key = (step.samples, step.tokens)
+        counted = self._counted.get(key)
+        if counted is not None:
+            return counted, "counted", step.index in self._counted_steps
+        flops, source, change = self._scaled(key)
+        requests = self._requests.get(key, 0)
+        if (
+            self._counted
+            and change > RECOUNT_CHANGE
+            and requests < MAX_RECOUNT_REQUESTS
+            and not probe.armed
+            and not probe.failed
+            and len(self._counted) < MAX_COUNTED_SHAPES
+        ):
+            self._requests[key] = requests + 1
+            probe.arm(0)  # count this new shape on the next step that begins
+        return flops, source, False
+
+    def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, float]:
+        """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest
+        counted one, and the relative change from it (inf when nothing compares)."""
+        samples, tokens = key
+        for pos, value in ((1, tokens), (0, samples)):
+            if not value:
+                continue
+            best = None
+            for k, f in self._counted.items():
+                known = k[pos]
+                if known and (best is None or abs(known - value) < abs(best[0] - value)):
+                    best = (known, f)
+            if best is not None:
+                return best[1] * value / best[0], "scaled", abs(value - best[0]) / best[0]
+        return None, "", float("inf")
+
+    def _peak_for(self, agg: MetricsAggregator) -> Peak | None:
+        self._peak_known = True
+        dtype = self._peak_dtype
+        if dtype == "auto":
+            dtype = self._dtype or self._model_dtype()
+        name = None
+        if self._peak_tflops is None and torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            try:
+                name = torch.cuda.get_device_name()
+            except Exception:
+                name = None
+        self.peak = lookup_peak(name, dtype, self._peak_tflops)
+        if self.peak is not None:
+            agg.set(c.DEVICE_PEAK_FLOPS.name, ((c.A_DTYPE, dtype),), self.peak.flops_per_s)
+        elif name:
+            _log.info("otel-train: no peak FLOP/s known for %r (%s); set peak_tflops", name, dtype)
+        return self.peak
+
+    def _model_dtype(self) -> str:
+        for model in self.models:
+            for p in model.parameters():
+                if p.is_floating_point():
+                    return dtype_label(p.dtype)
+        return "fp32"
+
+
+def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:
+    """The step span's efficiency attributes (absent, never zero, when unknown)."""
+    attrs[c.STEP_DATA_STALL.key] = eff.data_share
+    if eff.flops is not None:
+        attrs[c.STEP_FLOPS.key] = eff.flops
+        attrs[c.STEP_FLOPS_SOURCE.key] = eff.source
+    if eff.counted:
+        attrs[c.STEP_FLOPS_COUNTED.key] = True
+    if eff.flops_per_s is not None:
+        attrs[c.STEP_THROUGHPUT_FLOPS.key] = eff.flops_per_s
+    if eff.mfu is not None:
+        attrs[c.STEP_MFU.key] = eff.mfu
+
+
+def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
+    """The run summary's efficiency and goodput lines."""
+    lines = []
+    if tracker.flop_seconds_total > 0:
+        rate = tracker.flops_total / tracker.flop_seconds_total
+        text = f"  {rate / 1e12:,.3g} TFLOP/s achieved"
+        peak = tracker.peak
+        if peak is not None:
+            text += (
+                f", MFU {100.0 * rate / peak.flops_per_s:.1f}% of {peak.flops_per_s / 1e12:,.4g} "
+                f"TFLOP/s ({peak.device} {peak.dtype}, {peak.source})"
+            )
+        else:
+            text += ", MFU - (no peak known: set peak_tflops)"
+        lines.append(text)
+    for r in tracker.count_results[:MAX_COUNTED_SHAPES]:
+        shape = ", ".join(
+            f"{v:,} {k}" for k, v in (("samples", r.samples), ("tokens", r.tokens)) if v is not None
+        )
+        text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
+        text += f" ({shape})" if shape else ""
+        text += f", matmuls in {r.dtype}" if r.dtype else ""
+        text += f"; counting step took {fmt_seconds(r.seconds)}"
+        if tracker.count_cost is not None and r is tracker.count_results[0]:
+            text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step)"
+        lines.append(text)
+    if tracker.step_total > 0:
+        lines.append(f"  data stall {100.0 * tracker.data_total / tracker.step_total:.1f}% "
+                     "of step time")  # fmt: skip
+    shares = tracker.goodput_shares()
+    if shares is not None:
+        wall, share = shares
+        parts = ", ".join(f"{k} {100.0 * v:.1f}%" for k, v in share.items())
+        lines.append(f"  goodput {100.0 * share['train']:.1f}% of {fmt_seconds(wall)}: {parts}")
+    return lines

@@ -1,0 +1,279 @@
+"""FLOPs per step: counted once with torch's ``FlopCounterMode``, given, or estimated.
+
+Counting runs one whole step (data, forward, backward, optimizer) under
+``torch.utils.flop_counter.FlopCounterMode``, which sees every aten operator the step
+dispatches, forward and backward alike, and adds up the matmul, convolution and
+attention FLOPs (the convention MFU uses: elementwise work is not counted). That
+step is slow, several times its normal duration, because every operator goes
+through Python; it is counted once per batch shape and its cost is reported
+(``otel_train.flops.count_cost``). Between counts the recorder holds
+``flop_probe = None``, so a step pays one attribute test and nothing else.
+
+A second, tiny dispatch mode runs next to the counter and notes the dtype the
+matmuls ran in, which picks the peak MFU is measured against.
+
+Usage (what the efficiency tracker and the recorder do)::
+
+    probe = FlopProbe(recorder, first_index=1)
+    recorder.flop_probe = probe          # armed: counts the first step with index >= 1
+    ...                                  # the recorder calls probe.begin(step) / probe.end(step)
+    probe.results                        # deque of CountResult, drained by the worker
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_log = logging.getLogger("otel_train")
+
+# Operators whose input dtype tells which tensor-core rate the step ran at.
+_MATMUL_NAMES = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_efficient_attention_forward", "_scaled_mm",
+})  # fmt: skip
+
+
+MAX_MISSES = 2  # counted steps of an already-counted shape before a recount gives up
+MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the shapes do
+
+
+@dataclass(frozen=True)
+class CountResult:
+    index: int  # the counted step
+    samples: int | None
+    tokens: int | None
+    flops: int
+    dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8, from the matmuls' inputs ("" if none ran)
+    seconds: float  # host wall time of the counted step, counting included
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    if dtype == torch.float32:
+        return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    if "float8" in str(dtype):
+        return "fp8"
+    return str(dtype).replace("torch.", "")
+
+
+class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode base is untyped
+    """Counts matmul-like operator calls per input dtype; changes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if name in _MATMUL_NAMES:
+            if name == "_scaled_mm":
+                self.calls["fp8"] += 1
+            else:
+                for a in args:
+                    if isinstance(a, torch.Tensor) and a.is_floating_point():
+                        self.calls[dtype_label(a.dtype)] += 1
+                        break
+        return func(*args, **(kwargs or {}))
+
+    def dominant(self) -> str:
+        return self.calls.most_common(1)[0][0] if self.calls else ""
+
+
+class _GlobalOnly:
+    """Stands in for FlopCounterMode's module tracker: every FLOP goes to "Global".
+
+    The tracker registers global module hooks while counting; with those present, calling
+    a torch.compile'd module warns (and the hooks would fire inside the user's model).
+    Only the total is needed here.
+    """
+
+    parents = ("Global",)
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
+def _counter_without_module_hooks(mode_cls: Any) -> Any:
+    counter = mode_cls(display=False)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+class FlopProbe:
+    """Counts the FLOPs of one step when armed; the recorder calls begin()/end()."""
+
+    def __init__(
+        self, recorder: Any, first_index: int, skip: Callable[[], bool] | None = None
+    ) -> None:
+        self._rec = recorder
+        self._skip = skip  # True: do not count (a compiled model); checked when a count begins
+        self.target = first_index
+        self._counter: Any = None
+        self._dtypes: _MatmulDtypes | None = None
+        self._step: Any = None
+        self._thread = 0
+        self.results: collections.deque[CountResult] = collections.deque(maxlen=64)
+        self._seen: set[tuple[int | None, int | None]] = set()
+        self.counted_steps = 0
+        self._misses = 0
+        self.failed = False
+        self._aborted = False
+
+    @property
+    def armed(self) -> bool:
+        return self._rec.flop_probe is self
+
+    def arm(self, at_index: int = 0) -> None:
+        """Count the next step whose index is at least ``at_index`` (worker thread)."""
+        if not self.failed and not self._aborted and self.counted_steps < MAX_COUNTED_STEPS:
+            self.target = at_index
+            self._rec.flop_probe = self
+
+    def disarm(self) -> None:
+        if self._rec.flop_probe is self:
+            self._rec.flop_probe = None
+
+    # -- training thread ---------------------------------------------------------------
+
+    def begin(self, step: Any) -> None:
+        if self._aborted:
+            self.abort()
+            return
+        if step.index < self.target:
+            return
+        try:
+            if self._skip is not None and self._skip():
+                self.failed = True
+                self.disarm()
+                _log.info(
+                    "otel-train: FLOPs not counted: the model runs under torch.compile, "
+                    "which would recompile under the counter; give flops_per_step= (or "
+                    "flops='estimate') for MFU"
+                )
+                return
+            if self._counter is not None:
+                self._stop()  # the step being counted was discarded (an exhausted loader)
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = _counter_without_module_hooks(FlopCounterMode)
+            dtypes = _MatmulDtypes()
+            counter.__enter__()
+            try:
+                dtypes.__enter__()  # type: ignore[no-untyped-call]
+            except BaseException:
+                counter.__exit__(None, None, None)
+                raise
+            self._counter, self._dtypes, self._step = counter, dtypes, step
+            self._thread = threading.get_ident()
+        except Exception:
+            self._fail()
+
+    def end(self, step: Any, t1: int) -> None:
+        if step is not self._step:
+            return
+        try:
+            flops, dtype = self._stop()
+            self.counted_steps += 1
+            seconds = max(0, t1 - step.t0) / 1e9
+            self.results.append(
+                CountResult(step.index, step.samples, step.tokens, flops, dtype, seconds)
+            )
+            # The shape is known only once the step has run: when this one was counted
+            # already, stay armed for a few more steps to catch the shape asked for.
+            key = (step.samples, step.tokens)
+            if (
+                key in self._seen
+                and self._misses < MAX_MISSES
+                and self.counted_steps < MAX_COUNTED_STEPS
+            ):
+                self._misses += 1
+                self.target = step.index + 1
+            else:
+                self._seen.add(key)
+                self._misses = 0
+                self.disarm()
+        except Exception:
+            self._fail()
+
+    def abort(self) -> None:
+        """Stop counting now, without a result (recording switched off, or shutdown).
+
+        Dispatch modes belong to the thread that entered them: from another thread this
+        stays armed (so the recorder keeps it), and the training thread's next call into
+        the recorder ends them.
+        """
+        self._aborted = True  # no count starts after this
+        if self._counter is not None and threading.get_ident() != self._thread:
+            return
+        self.disarm()
+        if self._counter is not None:
+            try:
+                self._stop()
+            except Exception:
+                self._fail()
+
+    def _stop(self) -> tuple[int, str]:
+        counter, dtypes = self._counter, self._dtypes
+        self._counter = self._dtypes = self._step = None
+        if counter is None or dtypes is None:
+            return 0, ""
+        if threading.get_ident() != self._thread:
+            # Dispatch modes are per thread: this one cannot be popped from here.
+            raise RuntimeError("a counted step ended on another thread than it began")
+        dtypes.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+        counter.__exit__(None, None, None)
+        return int(counter.get_total_flops()), dtypes.dominant()
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.disarm()
+        self._counter = self._dtypes = self._step = None
+        _log.exception("otel-train: counting FLOPs failed; FLOP counting disabled")
+
+
+def count_flops(fn: Any, *args: Any, **kwargs: Any) -> tuple[int, str, float]:
+    """FLOPs, matmul dtype and wall seconds of one call of ``fn`` (a helper for tests and
+    benchmarks; training steps are counted by :class:`FlopProbe`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = _counter_without_module_hooks(FlopCounterMode)
+    dtypes = _MatmulDtypes()
+    t0 = perf_counter_ns()
+    with counter, dtypes:
+        fn(*args, **kwargs)
+    return int(counter.get_total_flops()), dtypes.dominant(), (perf_counter_ns() - t0) / 1e9
+
+
+def parameter_count(models: Iterable[Any]) -> int:
+    """Trainable parameters of the given modules, each parameter counted once."""
+    seen: set[int] = set()
+    total = 0
+    for model in models:
+        params = getattr(model, "parameters", None)
+        if params is None:
+            continue
+        for p in params():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
