@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..recording.recorder import EXPLICIT, Recorder
+from ..recording.recorder import Recorder
 from ..settings import ConfigError
 from .base import Instrumentation, guarded, patch_attribute
 
@@ -141,9 +141,9 @@ def _exit_if_active(inst: Instrumentation, rec: Recorder, phase: str, et: Any, e
 
 def _begin_if_active(inst: Instrumentation, rec: Recorder) -> None:
     if inst.active:
-        rec.begin_step(EXPLICIT)
+        rec.step_begin()
 
 
 def _end_if_active(inst: Instrumentation, rec: Recorder, et: Any, err: Any) -> None:
     if inst.active:
-        rec.end_step(EXPLICIT)
+        rec.step_end()

@@ -132,22 +132,20 @@ class PhaseScope:
 
 
 class StepScope:
-    __slots__ = ("_opened", "_rec", "_samples", "_tokens")
+    __slots__ = ("_rec", "_samples", "_tokens")
 
     def __init__(self, rec: Recorder, samples: int | None, tokens: int | None) -> None:
         self._rec = rec
         self._samples = samples
         self._tokens = tokens
-        self._opened: OpenStep | None = None
 
     def __enter__(self) -> StepScope:
-        self._opened = self._rec.begin_step(EXPLICIT, self._samples, self._tokens)
+        self._rec.step_begin(self._samples, self._tokens)
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        # A nested step opened nothing (the outer one stands): it must not end the outer one.
-        if self._opened is not None and self._opened is self._rec.current_step:
-            self._rec.end_step(EXPLICIT)
+        # A nested step opened nothing (the outer one stands): it does not end the outer one.
+        self._rec.step_end()
         return False
 
 
@@ -175,6 +173,7 @@ class Recorder:
         self._tls = threading.local()
         self._current: OpenStep | None = None
         self._next_index = 0
+        self._scoped: list[OpenStep | None] = []  # what each open scoped step opened
         self.compiled_seen = False  # an adapter saw its model run under torch.compile
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
@@ -267,15 +266,30 @@ class Recorder:
             while log and limit != 0:
                 limit -= 1
                 item = log.popleft()
-                if item[0] is None:  # (None, samples, tokens): counts from a batch
+                n = len(item)
+                if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
+                    self._transition_at(*item)
+                elif item[0] is None:  # (None, samples, tokens): counts from a batch
                     step = self._current
                     if step is not None and step.mode == ADAPTER:
                         self._add_counts(step, item[1], item[2])
-                else:
-                    self._transition_at(*item)
+                elif n == 3:  # (stack, t, name): a phase entered
+                    self._enter_at(item[2], item[1], item[0])
+                elif n == 4:  # (stack, t, name, error): a phase exited
+                    self._exit_at(item[1], item[0], item[3], item[2])
+                elif n == 5:  # (stack, t, samples, tokens, None): a scoped step began
+                    self._scoped_begin_at(item[1], item[2], item[3], item[0])
+                else:  # (stack, t): a scoped step ended
+                    self._scoped_end_at(item[1])
         except Exception:
             log.clear()
             self._fail()
+
+    def _append(self, item: tuple[Any, ...]) -> None:
+        log = self._log
+        log.append(item)
+        if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
+            self.settle()
 
     def _tls_stack(self) -> list[list[Any]]:
         tls = self._tls
@@ -358,6 +372,52 @@ class Recorder:
         except Exception:
             self._fail()
             return None
+
+    # Scoped explicit steps (``with step():``, a method-map adapter's step method): their
+    # ends pair with their begins, so a nested one neither opens nor ends a step.
+
+    def step_begin(self, samples: int | None = None, tokens: int | None = None) -> None:
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            t = perf_counter_ns()
+            if self._defer:
+                self._append((self._tls_stack(), t, samples, tokens, None))
+                return
+            with self._lock:
+                self._settle()
+                self._scoped_begin_at(t, samples, tokens, self._tls_stack())
+        except Exception:
+            self._fail()
+
+    def step_end(self) -> None:
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            t = perf_counter_ns()
+            if self._defer:
+                self._append((self._tls_stack(), t))
+                return
+            with self._lock:
+                self._settle()
+                self._scoped_end_at(t)
+        except Exception:
+            self._fail()
+
+    def _scoped_begin_at(
+        self, t: int, samples: int | None, tokens: int | None, stack: list[list[Any]]
+    ) -> None:
+        scoped = self._scoped
+        if len(scoped) >= MAX_STACK:  # scopes entered and never left: forget the oldest
+            del scoped[0]
+        scoped.append(self._begin_at(EXPLICIT, t, samples, tokens, stack))
+
+    def _scoped_end_at(self, t: int) -> None:
+        opened = self._scoped.pop() if self._scoped else None
+        if opened is not None and opened is self._current and self.enabled:
+            self._close(opened, t)
 
     def end_step(self, mode: int) -> None:
         if not self.enabled:
@@ -446,6 +506,9 @@ class Recorder:
             self._disabled()
             return
         try:
+            if self._defer:
+                self._append((self._tls_stack(), perf_counter_ns(), name))
+                return
             t = perf_counter_ns()
             with self._lock:
                 self._settle()
@@ -509,20 +572,31 @@ class Recorder:
             return
         try:
             t = perf_counter_ns()
+            error = self._describe(exc_type, exc) if exc_type is not None else None
+            if self._defer:
+                self._append((self._tls_stack(), t, name, error))
+                return
             with self._lock:
                 self._settle()
-                self._exit_at(t, self._tls_stack(), exc_type, exc, name)
+                self._exit_at(t, self._tls_stack(), error, name)
         except Exception:
             self._fail()
+
+    def _describe(self, exc_type: Any, exc: Any) -> tuple[Any, ...]:
+        error = describe_exception(exc_type, exc)
+        if self._debug is not None:
+            error += (self._debug.phase_error(exc),)  # the OOM snapshot's path, if any
+        return error
 
     def _exit_at(
         self,
         t: int,
         stack: list[list[Any]],
-        exc_type: Any = None,
-        exc: Any = None,
+        error: tuple[Any, ...] | None = None,
         name: str | None = None,
     ) -> None:
+        """Exit the innermost phase (or ``name`` and what an adapter opened inside it);
+        ``error`` is the exception it ended with, already described."""
         if not self.enabled:
             return
         try:
@@ -545,9 +619,6 @@ class Recorder:
                 _fold_peaks(stack, pa, pr)
                 memory = (entry[6], entry[7], r - entry[8], o - entry[9])
             stack.pop()
-            error = describe_exception(exc_type, exc) if exc_type is not None else None
-            if error is not None and self._debug is not None:
-                error += (self._debug.phase_error(exc),)  # the OOM snapshot's path, if any
             if step.closed:
                 # The step ended (another thread or an adapter) while this phase ran.
                 self.dropped_phases += 1
@@ -651,7 +722,8 @@ class Recorder:
                 self._settle()
                 stack = self._tls_stack()
                 if stack and stack[-1][0] == name:
-                    self._exit_at(t, stack, exc_type, exc)
+                    error = self._describe(exc_type, exc) if exc_type is not None else None
+                    self._exit_at(t, stack, error)
                     return True
                 return False
         except Exception:

@@ -133,3 +133,81 @@ def test_boundaries_from_another_thread_replay_on_that_threads_stack() -> None:
         assert [k.name for k in children_of(spans, s)] == [
             "data", "forward", "backward", "optimizer"
         ]  # fmt: skip
+
+
+class _Loop:
+    """An RL-shaped loop whose methods are the phases and whose iteration is the step."""
+
+    def rollout(self) -> int:
+        with otel_train.phase("sample"):  # an explicit phase inside a mapped one
+            return 3
+
+    def train(self, n: int) -> int:
+        if n == 2:
+            raise ValueError("bad batch")
+        return n
+
+    def iteration(self, n: int) -> None:
+        self.rollout()
+        try:
+            self.train(n)
+        except ValueError:
+            pass
+        with otel_train.step(samples=99):  # nested step: neither opens nor ends one
+            pass
+
+
+def _explicit_trees(defer: bool) -> list[tuple[Any, ...]]:
+    """Explicit steps, nested phases, a nested step, an error, bare-phase cycles and a
+    method map, recorded with the log deferred or applied at once."""
+    tel = InMemoryTelemetry()
+    otel_train.configure(flops="off", **QUIET, **providers(tel))
+    session = otel_train.session.current()
+    assert session is not None
+    session.recorder._defer = defer
+    for i in range(3):
+        with otel_train.step(samples=4, tokens=16), otel_train.phase("a"):
+            with otel_train.phase("b"):
+                pass
+            try:
+                with otel_train.phase("c"):
+                    raise KeyError(i)
+            except KeyError:
+                pass
+    for _ in range(2):  # bare phases: a step per cycle
+        with otel_train.phase("x"):
+            pass
+        with otel_train.phase("y"):
+            pass
+    loop = _Loop()
+    otel_train.instrument(loop, phases={"rollout": "rollout", "train": "train"}, step="iteration")
+    for n in range(4):
+        loop.iteration(n)
+    otel_train.shutdown()
+    spans = tel.spans()
+
+    def tree(span: Any) -> tuple[Any, ...]:
+        return (
+            span.name,
+            span.status.status_code.name,
+            [e.name for e in span.events],
+            [tree(k) for k in children_of(spans, span)],
+        )
+
+    return [
+        (s.attributes.get(c.STEP_SAMPLES.key), s.attributes.get(c.STEP_TOKENS.key), tree(s))
+        for s in step_spans(spans)
+    ]
+
+
+def test_replayed_log_of_explicit_steps_and_phases_is_immediate_recording() -> None:
+    deferred = _explicit_trees(defer=True)
+    assert deferred == _explicit_trees(defer=False)
+    assert len(deferred) == 3 + 2 + 4
+    samples, tokens, (_, _, _, kids) = deferred[0]
+    assert (samples, tokens) == (4, 16)
+    a = kids[0]
+    assert [k[0] for k in a[3]] == ["b", "c"] and a[3][1][1] == "ERROR"
+    rl = deferred[-2]  # the iteration whose train phase raised
+    assert [k[0] for k in rl[2][3]] == ["rollout", "train"]
+    assert rl[2][3][1][1] == "ERROR" and rl[0] is None  # the nested step's counts: ignored
