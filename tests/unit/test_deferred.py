@@ -7,6 +7,7 @@ the log grow past its bound when the worker does not drain it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -149,10 +150,8 @@ class _Loop:
 
     def iteration(self, n: int) -> None:
         self.rollout()
-        try:
+        with contextlib.suppress(ValueError):
             self.train(n)
-        except ValueError:
-            pass
         with otel_train.step(samples=99):  # nested step: neither opens nor ends one
             pass
 
