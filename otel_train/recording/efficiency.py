@@ -134,6 +134,7 @@ class EfficiencyTracker:
             maxlen=window
         )
         self._sums = [0.0, 0.0, 0.0, 0.0]  # flops, flop seconds, data seconds, step seconds
+        self._last_flops: float | None = None
         # Goodput.
         self.first: int | None = None
         self.last: int | None = None
@@ -204,15 +205,8 @@ class EfficiencyTracker:
         win.append(item)
         for i in range(4):
             sums[i] += item[i]
-        if sums[3] > 0:
-            agg.set(c.DATA_STALL.name, (), max(0.0, sums[2] / sums[3]))
-        if sums[1] > 0:
-            achieved = sums[0] / sums[1]
-            agg.set(c.THROUGHPUT_FLOPS.name, (), achieved)
-            if self.peak is not None:
-                agg.set(c.MFU.name, (), achieved / self.peak.flops_per_s)
         if flops is not None:
-            agg.set(c.FLOPS_PER_STEP.name, (), flops)
+            self._last_flops = flops
         # Run totals and goodput.
         self.step_total += host_s
         self.data_total += data_s
@@ -240,7 +234,10 @@ class EfficiencyTracker:
             self.last = t1
 
     def publish_goodput(self, agg: MetricsAggregator | None) -> None:
-        """Split the wall time into categories; export them (once per batch of steps)."""
+        """Split the wall time into categories; export them and the windowed gauges
+        (once per batch of steps: gauges are read at collection time)."""
+        if agg is not None:
+            self._publish_window(agg)
         if self.first is None or self.last is None:
             return
         wall = max(0, self.last - self.first) / 1e9
@@ -258,6 +255,18 @@ class EfficiencyTracker:
             agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), v)
         if wall > 0:
             agg.set(c.GOODPUT.name, (), t["train"] / wall)
+
+    def _publish_window(self, agg: MetricsAggregator) -> None:
+        sums = self._sums
+        if sums[3] > 0:
+            agg.set(c.DATA_STALL.name, (), max(0.0, sums[2] / sums[3]))
+        if sums[1] > 0:
+            achieved = sums[0] / sums[1]
+            agg.set(c.THROUGHPUT_FLOPS.name, (), achieved)
+            if self.peak is not None:
+                agg.set(c.MFU.name, (), achieved / self.peak.flops_per_s)
+        if self._last_flops is not None:
+            agg.set(c.FLOPS_PER_STEP.name, (), self._last_flops)
 
     def goodput_shares(self) -> tuple[float, dict[str, float]] | None:
         self.publish_goodput(None)

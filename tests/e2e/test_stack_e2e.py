@@ -10,6 +10,7 @@ run. Stopping the stack leaves no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.machinery
 import importlib.util
@@ -23,6 +24,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +147,10 @@ def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@contextlib.contextmanager
+def running_stack(run_dir: Path, **env_extra: str) -> Iterator[dict[str, Any]]:
+    """``scripts/stack up`` on free loopback ports in ``run_dir``; down (and every process
+    gone) on exit. Skips, or fails under OTEL_TRAIN_STACK_REQUIRED=1, when not built."""
     if subprocess.run([*STACK, "built"], capture_output=True).returncode != 0:
         reason = "stack binaries not built: run scripts/stack build (scripts/test does)"
         if os.environ.get("OTEL_TRAIN_STACK_REQUIRED") == "1":
@@ -157,10 +161,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for name in PORT_NAMES:
         ports[name] = free_port()
         env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(ports[name])
-    env["OTEL_TRAIN_STACK_RUN"] = str(tmp_path_factory.mktemp("stack-run"))
+    env["OTEL_TRAIN_STACK_RUN"] = str(run_dir)
+    env.update(env_extra)
     up = subprocess.run([*STACK, "up"], env=env, capture_output=True, text=True, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
-    state = json.loads((Path(env["OTEL_TRAIN_STACK_RUN"]) / "state.json").read_text())
+    state = json.loads((run_dir / "state.json").read_text())
     pids = [svc["pid"] for svc in state["services"].values()]
     try:
         yield {"env": env, "ports": ports}
@@ -171,6 +176,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
         assert down.returncode == 0, down.stdout + down.stderr
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"pid {pid} survived"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with running_stack(tmp_path_factory.mktemp("stack-run")) as running:
+        yield running
 
 
 def _zombie(pid: int) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_stack_e2e import PORT_NAMES, STACK, attrs, free_port, jaeger_traces, poll, prom
+from test_stack_e2e import attrs, jaeger_traces, poll, prom, running_stack
 
 from otel_train import contract as c
 
@@ -94,26 +94,9 @@ def fast_rules(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if subprocess.run([*STACK, "built"], capture_output=True).returncode != 0:
-        reason = "stack binaries not built: run scripts/stack build (scripts/test does)"
-        if os.environ.get("OTEL_TRAIN_STACK_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    env = dict(os.environ)
-    ports = {name: free_port() for name in PORT_NAMES}
-    env.update({f"OTEL_TRAIN_STACK_{name}_PORT": str(p) for name, p in ports.items()})
     run = tmp_path_factory.mktemp("torchrun-stack")
-    env["OTEL_TRAIN_STACK_RUN"] = str(run)
-    env["OTEL_TRAIN_STACK_PROMETHEUS_CONFIG"] = str(fast_rules(run))
-    up = subprocess.run([*STACK, "up"], env=env, capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield {"env": env, "ports": ports}
-    finally:
-        down = subprocess.run(
-            [*STACK, "down"], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert down.returncode == 0, down.stdout + down.stderr
+    with running_stack(run, OTEL_TRAIN_STACK_PROMETHEUS_CONFIG=str(fast_rules(run))) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
