@@ -139,7 +139,9 @@ def make_job(hidden: int, batch: int, n_batches: int) -> tuple[Any, Any, Any]:
     return model, opt, loader
 
 
-def plain_steps(model: Any, opt: Any, loader: Any, steps: int) -> None:
+def plain_steps(
+    model: Any, opt: Any, loader: Any, steps: int, ends: list[int] | None = None
+) -> None:
     loss_fn = torch.nn.functional.cross_entropy
     done = 0
     while done < steps:
@@ -148,12 +150,16 @@ def plain_steps(model: Any, opt: Any, loader: Any, steps: int) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if ends is not None:
+                ends.append(time.perf_counter_ns())
             done += 1
             if done == steps:
                 return
 
 
-def span_steps(model: Any, opt: Any, loader: Any, steps: int, tracer: Any) -> None:
+def span_steps(
+    model: Any, opt: Any, loader: Any, steps: int, tracer: Any, ends: list[int] | None = None
+) -> None:
     loss_fn = torch.nn.functional.cross_entropy
     done = 0
     while done < steps:
@@ -172,6 +178,8 @@ def span_steps(model: Any, opt: Any, loader: Any, steps: int, tracer: Any) -> No
                     loss.backward()
                 with tracer.start_as_current_span("optimizer"):
                     opt.step()
+            if ends is not None:
+                ends.append(time.perf_counter_ns())
             done += 1
             if done == steps:
                 return
@@ -194,27 +202,44 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
     sess = session.current()
     assert sess is not None
 
+    step_ns: dict[str, list[int]] = {}  # every step's own duration, per variant
+    worker_ns = [0]  # the worker's CPU time over otel-train's chunks
+
+    def durations(name: str, start: int, ends: list[int]) -> None:
+        starts = [start, *ends[:-1]]
+        step_ns.setdefault(name, []).extend(b - a for a, b in zip(starts, ends, strict=True))
+
     def run_plain() -> tuple[int, int]:
+        ends: list[int] = []
         w, c = time.perf_counter_ns(), time.process_time_ns()
-        plain_steps(model, opt, loader, steps)
-        return time.perf_counter_ns() - w, time.process_time_ns() - c
+        plain_steps(model, opt, loader, steps, ends)
+        out = time.perf_counter_ns() - w, time.process_time_ns() - c
+        durations("plain", w, ends)
+        return out
 
     def run_ours() -> tuple[int, int]:
         inst = otel_train.instrument(model, optimizer=opt, dataloader=loader)
         before = sess.worker.steps_processed
+        cpu_before = sess.worker._cpu_ns
+        ends: list[int] = []
         w, c = time.perf_counter_ns(), time.process_time_ns()
-        plain_steps(model, opt, loader, steps)
+        plain_steps(model, opt, loader, steps, ends)
         while sess.recorder.pending:  # count the worker's processing of every step
             sess.worker.process()
         out = time.perf_counter_ns() - w, time.process_time_ns() - c
         inst.uninstrument()
+        durations("otel-train (default)", w, ends)
+        worker_ns[0] += sess.worker._cpu_ns - cpu_before
         assert sess.worker.steps_processed - before == steps
         return out
 
     def run_spans() -> tuple[int, int]:
+        ends: list[int] = []
         w, c = time.perf_counter_ns(), time.process_time_ns()
-        span_steps(model, opt, loader, steps, span_tracer)
-        return time.perf_counter_ns() - w, time.process_time_ns() - c
+        span_steps(model, opt, loader, steps, span_tracer, ends)
+        out = time.perf_counter_ns() - w, time.process_time_ns() - c
+        durations("OTel SDK span per phase", w, ends)
+        return out
 
     variants = {
         "plain": run_plain,
@@ -240,7 +265,15 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
     otel_train.shutdown()
     tp_spans.shutdown()
     tp_ours.shutdown()
-    return {"wall": wall, "cpu": cpu, "spans": traced, "steps": steps * rounds}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "spans": traced,
+        "steps": steps * rounds,
+        "step_ns": step_ns,
+        # two chunks of otel-train per round
+        "worker_us": worker_ns[0] / (2 * steps * rounds) / 1e3,
+    }
 
 
 def paired_delta(a: list[float], b: list[float]) -> float:
@@ -292,6 +325,27 @@ def main() -> None:
     print(
         f"otel-train traced {res['spans']} spans over {res['steps']} instrumented steps "
         "(default sampling)"
+    )
+    # A second estimate, less exposed to the machine's drift: the median of single steps
+    # (steps the worker interrupted fall out of it) plus the worker's own CPU per step.
+    med = {k: statistics.median(v) / 1e3 for k, v in res["step_ns"].items()}
+    base_m = med["plain"]
+    print(
+        "\n3. Median single step (us) and its delta; otel-train's worker CPU per step "
+        "measured on its thread and added"
+    )
+    print(f"{'variant':<28}{'median':>9}{'delta':>9}{'worker':>9}{'total':>9}{'% of step':>11}")
+    for name, m in med.items():
+        worker = res["worker_us"] if name == "otel-train (default)" else 0.0
+        total = m - base_m + worker
+        print(
+            f"{name:<28}{m:>9.1f}{m - base_m:>9.1f}{worker:>9.1f}{total:>9.1f}"
+            f"{100 * total / base_m:>10.2f}%"
+        )
+    ours_m = med["otel-train (default)"] - base_m + res["worker_us"]
+    spans_m = med["OTel SDK span per phase"] - base_m
+    print(
+        f"ratio by this estimate: {ours_m / spans_m:.3f}; {100 * ours_m / base_m:.2f}% of the step"
     )
     ours_w = deltas["otel-train (default)"][0]
     spans_w = deltas["OTel SDK span per phase"][0]

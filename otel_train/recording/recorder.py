@@ -249,6 +249,10 @@ class Recorder:
             self.settle()
         return self._pending
 
+    def backlog(self) -> int:
+        """Deferred boundaries and finished steps waiting for the worker (no lock)."""
+        return len(self._log) + len(self._pending)
+
     def settle(self) -> None:
         """Apply every deferred boundary, in the order the hooks logged them.
 

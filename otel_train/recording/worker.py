@@ -1,6 +1,7 @@
 """The background worker: resolves finished steps and feeds metrics, tables and spans.
 
-It wakes every ``poll_s`` (no per-step signalling from the training thread), takes
+It wakes every ``poll_s`` and works every ``batch_s`` or when the backlog passes
+``BACKLOG`` (no per-step signalling from the training thread), takes
 finished steps off the recorder's deque in order, checks their CUDA events with the
 non-blocking ``query()`` and stops at the first step whose events have not
 completed. It never synchronises with the device. Its own CPU time per step is
@@ -30,6 +31,8 @@ from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
 _BY_SEQ = operator.itemgetter(0)
+# Deferred boundaries plus finished steps that make the worker process before batch_s.
+BACKLOG = 1024
 # Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
 MAX_PHASE_SERIES = 256
 OTHER_PHASE = "_other"
@@ -50,6 +53,7 @@ class Worker:
         console: ConsoleReporter,
         throughput_window: int,
         poll_s: float = 0.05,
+        batch_s: float = 0.5,
         export_drops: Callable[[], dict[str, int]] | None = None,
         efficiency: EfficiencyTracker | None = None,
     ) -> None:
@@ -63,6 +67,7 @@ class Worker:
         self.console = console
         self.clock = DeviceClock(recorder.events)
         self.poll_s = poll_s
+        self.batch_s = batch_s
         self._throughput: collections.deque[tuple[int, int, int]] = collections.deque(
             maxlen=throughput_window
         )
@@ -97,8 +102,16 @@ class Worker:
         self._thread.start()
 
     def _run(self) -> None:
+        # Wake often, work seldom: a batch of many steps costs far less per step than a
+        # few (the worker's code and data are cold after the training thread ran), so it
+        # processes every ``batch_s``, or sooner when the backlog grows.
+        last = time.monotonic()
+        rec = self.recorder
         while not self._stop.wait(self.poll_s):
-            self.process()
+            now = time.monotonic()
+            if now - last >= self.batch_s or rec.backlog() >= BACKLOG:
+                last = now
+                self.process()
 
     def stop(self, deadline: float) -> None:
         """Drain what resolves before ``deadline`` (monotonic seconds), then stop."""

@@ -264,7 +264,9 @@ def test_delta_temporality_preference_reaches_the_bridged_histograms(
             with otel_train.step(samples=2), otel_train.phase("train"):
                 pass
             if i % 4 == 3:
-                time.sleep(0.25)  # let periodic exports fall between the steps
+                # let the worker take these steps (it works every 0.5 s) and periodic
+                # exports fall between them
+                time.sleep(0.7)
         assert otel_train.shutdown(timeout=10.0)
     finally:
         rx.close()
