@@ -249,9 +249,10 @@ class Recorder:
             self.settle()
         return self._pending
 
-    def backlog(self) -> int:
-        """Deferred boundaries and finished steps waiting for the worker (no lock)."""
-        return len(self._log) + len(self._pending)
+    def backlog_due(self) -> bool:
+        """Whether enough waits for the worker to process before its next batch time:
+        a quarter of the log's or of the finished steps' bound (read without the lock)."""
+        return len(self._log) >= MAX_LOG // 4 or len(self._pending) >= self.max_pending // 4
 
     def settle(self) -> None:
         """Apply every deferred boundary, in the order the hooks logged them.
@@ -273,8 +274,11 @@ class Recorder:
                 n = len(item)
                 if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
                     self._transition_at(*item)
-                elif item[0] is None:  # (None, samples, tokens): counts from a batch
-                    step = self._current
+                elif item[0] is None:
+                    if n == 2:  # (None, [(name, value)]): user scalars
+                        self._add_scalars(item[1])
+                        continue
+                    step = self._current  # (None, samples, tokens): counts from a batch
                     if step is not None and step.mode == ADAPTER:
                         self._add_counts(step, item[1], item[2])
                 elif n == 3:  # (stack, t, name): a phase entered
@@ -749,28 +753,38 @@ class Recorder:
         if not self.enabled:
             return
         try:
+            items = []
+            names = self._scalar_names  # (set operations are atomic under the GIL)
+            for key, value in values.items():
+                name = _clean_name(key)
+                if name not in names:
+                    if len(names) >= MAX_SCALAR_NAMES:
+                        self.dropped_scalars += 1  # bounded series: new names past the cap
+                        continue
+                    names.add(name)
+                item = _scalar_value(value, self.events)
+                if item is not None:
+                    items.append((name, item))
+            if not items:
+                return
+            if self._defer:
+                self._append((None, items))
+                return
             with self._lock:
                 self._settle()
-                step = self._current
-                names = self._scalar_names
-                for key, value in values.items():
-                    name = _clean_name(key)
-                    if name not in names:
-                        if len(names) >= MAX_SCALAR_NAMES:
-                            self.dropped_scalars += 1  # bounded series: new names past the cap
-                            continue
-                        names.add(name)
-                    item = _scalar_value(value, self.events)
-                    if item is None:
-                        continue
-                    if step is not None:
-                        if step.scalars is None:
-                            step.scalars = []
-                        step.scalars.append((name, item))
-                    else:
-                        self.loose_scalars.append((name, item))
+                self._add_scalars(items)
         except Exception:
             self._fail()
+
+    def _add_scalars(self, items: list[tuple[str, Any]]) -> None:
+        """Scalars belong to the step open when they were recorded (else they stand alone)."""
+        step = self._current
+        if step is not None:
+            if step.scalars is None:
+                step.scalars = []
+            step.scalars.extend(items)
+        else:
+            self.loose_scalars.extend(items)
 
     # -- failure --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The background worker: resolves finished steps and feeds metrics, tables and spans.
 
-It wakes every ``poll_s`` and works every ``batch_s`` or when the backlog passes
-``BACKLOG`` (no per-step signalling from the training thread), takes
+It wakes every ``poll_s`` and works every ``batch_s`` or once a quarter of the
+recorder's bounds waits (no per-step signalling from the training thread), takes
 finished steps off the recorder's deque in order, checks their CUDA events with the
 non-blocking ``query()`` and stops at the first step whose events have not
 completed. It never synchronises with the device. Its own CPU time per step is
@@ -31,8 +31,6 @@ from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
 _BY_SEQ = operator.itemgetter(0)
-# Deferred boundaries plus finished steps that make the worker process before batch_s.
-BACKLOG = 1024
 # Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
 MAX_PHASE_SERIES = 256
 OTHER_PHASE = "_other"
@@ -109,7 +107,7 @@ class Worker:
         rec = self.recorder
         while not self._stop.wait(self.poll_s):
             now = time.monotonic()
-            if now - last >= self.batch_s or rec.backlog() >= BACKLOG:
+            if now - last >= self.batch_s or rec.backlog_due():
                 last = now
                 self.process()
 

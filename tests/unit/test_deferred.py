@@ -12,7 +12,15 @@ import threading
 from typing import Any
 
 import torch
-from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_model, train_epoch
+from otel_helpers import (
+    children_of,
+    providers,
+    step_spans,
+    tiny_loader,
+    tiny_model,
+    train_epoch,
+    value,
+)
 
 import otel_train
 from otel_train import contract as c
@@ -210,3 +218,16 @@ def test_replayed_log_of_explicit_steps_and_phases_is_immediate_recording() -> N
     rl = deferred[-2]  # the iteration whose train phase raised
     assert [k[0] for k in rl[2][3]] == ["rollout", "train"]
     assert rl[2][3][1][1] == "ERROR" and rl[0] is None  # the nested step's counts: ignored
+
+
+def test_scalars_logged_inside_steps_reach_the_gauge_in_order() -> None:
+    tel = InMemoryTelemetry()
+    otel_train.configure(flops="off", **QUIET, **providers(tel))
+    session = otel_train.session.current()
+    assert session is not None and session.recorder._defer
+    for i in range(5):
+        with otel_train.step(samples=1), otel_train.phase("train"):
+            otel_train.record(loss=float(i), reward=torch.tensor(10.0 + i))
+    otel_train.shutdown()
+    assert value(tel, c.SCALAR.name, **{c.A_NAME: "loss"}) == 4.0
+    assert value(tel, c.SCALAR.name, **{c.A_NAME: "reward"}) == 14.0
