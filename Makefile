@@ -7,8 +7,8 @@ test:            ## set up and run every test
 	scripts/test
 
 lint:
-	.venv/bin/ruff check otel_train tests benchmarks examples
-	.venv/bin/ruff format --check otel_train
+	.venv/bin/ruff check otel_train tests benchmarks examples grafana
+	.venv/bin/ruff format --check otel_train tests benchmarks examples grafana
 
 docs:            ## regenerate docs/telemetry.md from the telemetry contract
 	.venv/bin/otel-train telemetry > docs/telemetry.md

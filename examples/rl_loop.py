@@ -77,8 +77,10 @@ def main() -> None:
         service_name="rl-loop",
     )  # fmt: skip
     rewards = [loop.run_iteration() for _ in range(40)]
-    print(f"mean reward: first 10 iterations {sum(rewards[:10]) / 10:.3f}, "
-          f"last 10 {sum(rewards[-10:]) / 10:.3f}")
+    print(
+        f"mean reward: first 10 iterations {sum(rewards[:10]) / 10:.3f}, "
+        f"last 10 {sum(rewards[-10:]) / 10:.3f}"
+    )
     otel_train.shutdown()
 
 

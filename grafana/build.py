@@ -337,9 +337,7 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
         panel(
             "Achieved FLOP/s by rank",
             [
-                target(
-                    f"max by (otel_train_rank) ({n(c.THROUGHPUT_FLOPS)}{{{F}}})", by_rank, "A"
-                ),
+                target(f"max by (otel_train_rank) ({n(c.THROUGHPUT_FLOPS)}{{{F}}})", by_rank, "A"),
                 target(f"max({n(c.DEVICE_PEAK_FLOPS)}{{{F}}})", "peak ({{dtype}})", "B"),
             ],
             "flops",

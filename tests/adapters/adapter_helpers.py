@@ -73,9 +73,7 @@ class PaddedTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
                 "labels": ids.masked_fill(mask == 0, -100)}  # fmt: skip
 
 
-def hf_trainer(
-    grad_accum: int = 2, max_steps: int = 3, batch_size: int = 4, **args: Any
-) -> Any:
+def hf_trainer(grad_accum: int = 2, max_steps: int = 3, batch_size: int = 4, **args: Any) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     torch.manual_seed(0)

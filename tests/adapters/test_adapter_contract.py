@@ -182,8 +182,11 @@ class LightningRig(Rig):
 
     def state(self) -> dict[str, Any]:
         t = self.target
-        return {"patched": _patched_names(t),
-                "callbacks": [type(cb).__qualname__ for cb in t.callbacks], **_globals()}
+        return {
+            "patched": _patched_names(t),
+            "callbacks": [type(cb).__qualname__ for cb in t.callbacks],
+            **_globals(),
+        }
 
 
 class TitanRig(Rig):
@@ -274,14 +277,18 @@ def test_an_exception_inside_a_hook_never_reaches_training(
         monkeypatch.setattr(Recorder, name, broken)
     with caplog.at_level(logging.ERROR, logger="otel_train"):
         assert rig.train() == rig.steps  # training ran to the end, untouched
-    assert any("injected telemetry failure" in (r.exc_text or "") or
-               (r.exc_info and "injected" in str(r.exc_info[1])) for r in caplog.records)
+    assert any(
+        "injected telemetry failure" in (r.exc_text or "")
+        or (r.exc_info and "injected" in str(r.exc_info[1]))
+        for r in caplog.records
+    )
     monkeypatch.undo()
     inst.uninstrument()
 
 
-def test_after_uninstrument_nothing_remains_and_nothing_is_recorded(rig: Rig, tel,
-                                                                   otel_kwargs) -> None:
+def test_after_uninstrument_nothing_remains_and_nothing_is_recorded(
+    rig: Rig, tel, otel_kwargs
+) -> None:
     before = rig.state()
     inst = otel_train.instrument(rig.target, **rig.kwargs, **otel_kwargs)
     assert rig.train() == rig.steps

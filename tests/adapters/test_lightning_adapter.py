@@ -52,8 +52,7 @@ def test_validation_and_epoch_ends_do_not_become_steps(tel, otel_kwargs, tmp_pat
                                 default_root_dir=str(tmp_path))  # fmt: skip
     otel_train.instrument(trainer, **otel_kwargs)
     loader = lightning_loader(n=16, batch_size=4)
-    trainer.fit(lightning_module(validation=True), train_dataloaders=loader,
-                val_dataloaders=loader)
+    trainer.fit(lightning_module(validation=True), train_dataloaders=loader, val_dataloaders=loader)
     otel_train.shutdown()
 
     steps = step_spans(tel)

@@ -71,11 +71,19 @@ def test_sdk_is_built_in_one_place() -> None:
             assert not (level == 0 and module.startswith(SDK_SIDE)), f"{path.name} imports {module}"
 
 
-@pytest.mark.parametrize("tool", ["ruff", "mypy"])
+# What `make lint` checks besides the package.
+LINTED = ("otel_train", "tests", "benchmarks", "examples", "grafana")
+
+
+@pytest.mark.parametrize("tool", ["ruff", "ruff-format", "mypy"])
 def test_lint_and_types_are_clean(tool: str) -> None:
-    exe = shutil.which(tool, path=str(Path(sys.executable).parent))
+    exe = shutil.which(tool.split("-")[0], path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.skip(f"{tool} not installed (pip install 'otel-train[dev]')")
-    cmd = [exe, "check", str(PKG)] if tool == "ruff" else [exe, str(PKG)]
+    cmd = {
+        "ruff": [exe, "check", *LINTED],
+        "ruff-format": [exe, "format", "--check", *LINTED],
+        "mypy": [exe, str(PKG)],
+    }[tool]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=PKG.parent)
     assert done.returncode == 0, done.stdout + done.stderr
