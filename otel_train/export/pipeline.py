@@ -41,9 +41,10 @@ EXPORTER_LOGGERS = (
 class ExportHealth(logging.Filter):
     """Drop counts and outage state shared by the exporters otel-train built.
 
-    Also a logging filter: while an outage is known (after the first failed export)
-    and after ``abandon``, records the exporters log from our export calls are
-    suppressed and counted; the first failure and the recovery are logged once each.
+    Also a logging filter: the records the exporters log from inside our export calls
+    (a warning per retry) are suppressed and counted; a failed export is logged once per
+    outage, with the first of them since the last success as its cause, and the recovery
+    once.
     """
 
     def __init__(self) -> None:
@@ -53,7 +54,7 @@ class ExportHealth(logging.Filter):
         self.metric_points_failed = 0
         self.suppressed = 0
         self.down = False
-        self.quiet = False  # set for good once the exporters are abandoned
+        self.first_message = ""  # the first exporter message since a success: the cause
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -72,28 +73,37 @@ class ExportHealth(logging.Filter):
 
     def result(self, ok: bool, what: str) -> None:
         with self._lock:
-            if ok and self.down:
-                self.down = False
-                _log.warning(
-                    "otel-train: OTLP %s export works again (%d exporter messages were "
-                    "suppressed during the outage)",
-                    what,
-                    self.suppressed,
-                )
-                self.suppressed = 0
-            elif not ok and not self.down:
+            if ok:
+                if self.down:
+                    self.down = False
+                    _log.warning(
+                        "otel-train: OTLP %s export works again (%d exporter messages were "
+                        "suppressed during the outage)",
+                        what,
+                        self.suppressed,
+                    )
+                self.suppressed = 0  # retries that ended in success are no news
+                self.first_message = ""
+            elif not self.down:
                 self.down = True
                 _log.warning(
-                    "otel-train: OTLP %s export failed; training continues, drops are counted "
-                    "in otel_train.dropped and exporter messages are suppressed until it recovers",
+                    "otel-train: OTLP %s export failed (%s); training continues, drops are "
+                    "counted in otel_train.dropped and exporter messages are suppressed until "
+                    "it recovers",
                     what,
+                    self.first_message or "no detail from the exporter",
                 )
 
     # -- logging.Filter ----------------------------------------------------------------
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if (self.down or self.quiet) and getattr(self._local, "active", False):
+        if getattr(self._local, "active", False):
             self.suppressed += 1
+            if not self.first_message:
+                try:
+                    self.first_message = record.getMessage()[:300]
+                except Exception:  # a record whose arguments do not format
+                    self.first_message = str(record.msg)[:300]
             return False
         return True
 
@@ -139,7 +149,6 @@ class _Guard:
     def abandon(self) -> None:
         """Stop now: interrupt retries in flight; later exports drop without a word."""
         self.abandoned = True
-        self.health.quiet = True
         if self._pid == os.getpid():
             self._close_inner()
 
