@@ -278,9 +278,7 @@ class Recorder:
                     if n == 2:  # (None, [(name, value)]): user scalars
                         self._add_scalars(item[1])
                         continue
-                    step = self._current  # (None, samples, tokens): counts from a batch
-                    if step is not None and step.mode == ADAPTER:
-                        self._add_counts(step, item[1], item[2])
+                    self._adapter_counts(item[1], item[2])  # (None, samples, tokens)
                 elif n == 3:  # (stack, t, name): a phase entered
                     self._enter_at(item[2], item[1], item[0])
                 elif n == 4:  # (stack, t, name, error): a phase exited
@@ -465,9 +463,14 @@ class Recorder:
             return
         with self._lock:
             self._settle()
-            step = self._current
-            if step is not None and step.mode == ADAPTER:
-                self._add_counts(step, samples, tokens)
+            self._adapter_counts(samples, tokens)
+
+    def _adapter_counts(self, samples: int | None, tokens: int | None) -> None:
+        """A batch's counts go to an adapter's step only: an explicit step carries the
+        user's own counts."""
+        step = self._current
+        if step is not None and step.mode == ADAPTER:
+            self._add_counts(step, samples, tokens)
 
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""

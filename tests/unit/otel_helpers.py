@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+import otel_train
 from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
@@ -28,13 +29,18 @@ def tiny_loader(n: int = 32, batch_size: int = 8, **kwargs: Any) -> torch.utils.
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, **kwargs)
 
 
-def train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> list[float]:
+def train_epoch(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any, record: bool = False
+) -> list[float]:
+    """One epoch of a plain loop; ``record`` also hands each loss to ``otel_train.record``."""
     losses = []
     for x, y in loader:
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if record:
+            otel_train.record(loss=loss)
         losses.append(float(loss.detach()))
     return losses
 

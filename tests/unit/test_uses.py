@@ -16,6 +16,7 @@ from otel_helpers import (
     step_spans,
     tiny_loader,
     tiny_model,
+    train_epoch,
     value,
 )
 
@@ -47,14 +48,7 @@ def test_plain_loop_spans_and_metrics() -> None:
     model, opt = tiny_model()
     loader = tiny_loader(n=32, batch_size=8)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, **QUIET, **providers(tel))
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        otel_train.record(loss=loss)
-        losses.append(float(loss.detach()))
+    losses = train_epoch(model, opt, loader, record=True)
     assert otel_train.shutdown()
 
     spans = tel.spans()
