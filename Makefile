@@ -1,4 +1,4 @@
-.PHONY: demo test lint docs dashboards bench stack-up stack-down gpu-wheels
+.PHONY: demo test lint docs dashboards bench bench-instructions stack-up stack-down gpu-wheels
 
 demo:            ## set up and run the demo training job
 	scripts/demo
@@ -18,6 +18,9 @@ dashboards:      ## regenerate grafana/ (dashboards and provisioning) from grafa
 
 bench:           ## CPU overhead benchmark (figures printed side by side)
 	.venv/bin/python benchmarks/overhead.py
+
+bench-instructions: ## the same cost in instructions under callgrind (needs valgrind; ~4 min)
+	.venv/bin/python benchmarks/instructions.py
 
 stack-up:
 	scripts/stack build && scripts/stack up

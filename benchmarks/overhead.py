@@ -43,7 +43,9 @@ class DroppingExporter(SpanExporter):
 
 def sdk_tracer_provider() -> TracerProvider:
     tp = TracerProvider(shutdown_on_exit=False)
-    tp.add_span_processor(BatchSpanProcessor(DroppingExporter()))
+    # A queue that never fills: under callgrind (instructions.py) the export thread runs
+    # far less often than natively, and a full queue would log every dropped span.
+    tp.add_span_processor(BatchSpanProcessor(DroppingExporter(), max_queue_size=1 << 16))
     return tp
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -144,7 +145,8 @@ class _TimedIterator:
             _exit_data(rec, err, discard=False)
             raise
         try:
-            rec.transition("data", None)
+            t = perf_counter_ns()
+            samples = tokens = None
             if (
                 adapter.counter is count_batch
                 and type(batch) in _SEQUENCES
@@ -153,9 +155,10 @@ class _TimedIterator:
             ):
                 head = batch[0]  # the common (x, y, ...) batch, counted inline
                 if head.dim():
-                    rec.log_counts(head.shape[0], None)
+                    samples = head.shape[0]
             else:
-                adapter.count(batch)
+                samples, tokens = adapter.counts_of(batch)
+            rec.data_fetched(t, samples, tokens)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
         return batch
@@ -216,13 +219,17 @@ class TorchLoopAdapter:
         self.has_loader = False
         self.compiled = False  # the model was compiled after instrument(): hooks traced
 
+    def counts_of(self, batch: Any) -> tuple[int | None, int | None]:
+        """The batch's (samples, tokens) by the counter; (None, None) if it fails."""
+        try:
+            return self.counter(batch)
+        except Exception:
+            return None, None
+
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
         the user's own counts: the recorder never adds to those)."""
-        try:
-            samples, tokens = self.counter(batch)
-        except Exception:
-            return
+        samples, tokens = self.counts_of(batch)
         if samples is not None or tokens is not None:
             self.rec.log_counts(samples, tokens)
 

@@ -85,55 +85,84 @@ class ConsoleReporter:
         return sys.stdout if self._stream_name == "stdout" else sys.stderr
 
     def add(self, step: ResolvedStep) -> None:
-        seconds = step.host_seconds
+        self.add_many([step])
+
+    def add_many(self, steps: list[ResolvedStep]) -> None:
+        """Add a batch of steps, printing a table each ``every`` steps."""
+        i, n = 0, len(steps)
+        while i < n:
+            take = n - i if not self.every else min(n - i, self.every - self._win_steps)
+            self._add_window(steps[i : i + take] if i or take < n else steps)
+            i += take
+            if self.every and self._win_steps >= self.every:
+                self.print_window()
+
+    def _add_window(self, steps: list[ResolvedStep]) -> None:
+        """Steps that all fall in the current window: sums kept in locals, stored once."""
+        if not steps:
+            return
         if self._win_steps == 0:
-            self._win_first = step.index
-        self._win_steps += 1
-        self._win_seconds += seconds
-        self._win_max = max(self._win_max, seconds)
-        self._win_samples += step.samples or 0
-        self._win_tokens += step.tokens or 0
-        eff = step.efficiency
-        if eff is not None:
-            self._win_data += eff.data_share * seconds
-            if eff.flops_per_s:
-                self._win_flops += eff.flops
-                self._win_flop_seconds += eff.flops / eff.flops_per_s
-        self.run_steps += 1
-        self.run_step_seconds += seconds
-        self.run_samples += step.samples or 0
-        self.run_tokens += step.tokens or 0
+            self._win_first = steps[0].index
         if self.first_start is None:
-            self.first_start = step.host_start
-        self.last_end = step.host_end
+            self.first_start = steps[0].host_start
+        self.last_end = steps[-1].host_end
+        total = peak_step = 0.0
+        samples = tokens = 0
+        data = flops = flop_seconds = 0.0
         window = self._window
-        depth: dict[int, int] | None = None
-        for row in step.rows:
-            seq, parent, name, memory, seconds = row[0], row[1], row[2], row[7], row[9]
-            if parent < 0:
-                d = 0
-            else:  # nested phases (rare): depth from the parent's
-                if depth is None:
-                    depth = {}
-                d = depth.get(parent, 0) + 1
-            if depth is not None:
-                depth[seq] = d
-            key = (d, name)
-            t = window.get(key)
-            if t is None:
-                if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
-                    key = (0, "_other")
-                    t = window.get(key)
+        for step in steps:
+            seconds = step.host_seconds
+            total += seconds
+            if seconds > peak_step:
+                peak_step = seconds
+            if step.samples:
+                samples += step.samples
+            if step.tokens:
+                tokens += step.tokens
+            eff = step.efficiency
+            if eff is not None:
+                data += eff.data_share * seconds
+                if eff.flops_per_s:
+                    flops += eff.flops
+                    flop_seconds += eff.flops / eff.flops_per_s
+            depth: dict[int, int] | None = None
+            for row in step.rows:
+                parent = row[1]
+                if parent < 0:
+                    d = 0
+                else:  # nested phases (rare): depth from the parent's
+                    if depth is None:
+                        depth = {}
+                    d = depth.get(parent, 0) + 1
+                if depth is not None:
+                    depth[row[0]] = d
+                key = (d, row[2])
+                t = window.get(key)
                 if t is None:
-                    t = window[key] = _PhaseTotals(key[0])
-            t.seconds += seconds
-            t.count += 1
-            if memory is not None and (t.peak is None or memory[0] > t.peak):
-                t.peak = memory[0]
-        for name, value in step.scalars:
-            self.last_scalars[name] = value
-        if self.every and self._win_steps >= self.every:
-            self.print_window()
+                    if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
+                        key = (0, "_other")
+                        t = window.get(key)
+                    if t is None:
+                        t = window[key] = _PhaseTotals(key[0])
+                t.seconds += row[9]
+                t.count += 1
+                memory = row[7]
+                if memory is not None and (t.peak is None or memory[0] > t.peak):
+                    t.peak = memory[0]
+            for name, value in step.scalars:
+                self.last_scalars[name] = value
+        self._win_steps += len(steps)
+        self._win_seconds += total
+        self._win_max = max(self._win_max, peak_step)
+        self._win_samples += samples
+        self._win_tokens += tokens
+        self._win_data += data
+        self._win_flops += flops
+        self._win_flop_seconds += flop_seconds
+        self.run_steps += len(steps)
+        self.run_step_seconds += total
+        self.run_samples += samples
+        self.run_tokens += tokens
 
     def _pct_device(self, peak: int | None) -> str:
         if peak is None or not self.device_total:

@@ -46,7 +46,7 @@ REGION_KINDS = ("evaluation", "checkpoint")
 CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per step: a frozen dataclass costs ~1 us to build
 class StepEfficiency:
     flops: float | None
     source: str  # counted / scaled / given / estimate, "" when unknown
@@ -170,7 +170,9 @@ class EfficiencyTracker:
     # -- per step ----------------------------------------------------------------------
 
     def observe(self, step: ResolvedStep, agg: MetricsAggregator) -> StepEfficiency:
-        self._take_counts()
+        probe = self.probe
+        if probe is not None and probe.results:
+            self._take_counts()
         flops, source, counted = self._flops_of(step)
         data_s = 0.0
         for row in step.rows:
@@ -193,27 +195,38 @@ class EfficiencyTracker:
             peak = self.peak if self._peak_known else self._peak_for(agg)
             if peak is not None:
                 mfu = rate / peak.flops_per_s
-        # Windowed gauges (running sums over the last ``window`` steps).
+        # Windowed gauges: running sums over the last ``window`` steps of (FLOPs, their
+        # seconds, data seconds, step seconds).
         win, sums = self._win, self._sums
+        if rate is not None and flops is not None:
+            item = (flops, seconds, data_s, host_s)
+            self._last_flops = flops
+            self.flops_total += flops
+            self.flop_seconds_total += seconds
+        else:
+            item = (0.0, 0.0, data_s, host_s)
+            if flops is not None:
+                self._last_flops = flops
         if len(win) == win.maxlen:
             old = win[0]
-            for i in range(4):
-                sums[i] -= old[i]
-        timed = rate is not None and flops is not None
-        item = (flops if timed and flops is not None else 0.0, seconds if timed else 0.0,
-                data_s, host_s)  # fmt: skip
+            sums[0] += item[0] - old[0]
+            sums[1] += item[1] - old[1]
+            sums[2] += data_s - old[2]
+            sums[3] += host_s - old[3]
+        else:
+            sums[0] += item[0]
+            sums[1] += item[1]
+            sums[2] += data_s
+            sums[3] += host_s
         win.append(item)
-        for i in range(4):
-            sums[i] += item[i]
-        if flops is not None:
-            self._last_flops = flops
         # Run totals and goodput.
         self.step_total += host_s
         self.data_total += data_s
-        if rate is not None and flops is not None:
-            self.flops_total += flops
-            self.flop_seconds_total += seconds
-        self._extend(step.host_start, step.host_end)
+        t0, t1 = step.host_start, step.host_end
+        if self.first is None or t0 < self.first:
+            self.first = t0
+        if self.last is None or t1 > self.last:
+            self.last = t1
         return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
                               counted)  # fmt: skip
 

@@ -64,6 +64,7 @@ class OpenStep:
     __slots__ = (
         "closed",
         "device",
+        "error",
         "ev0",
         "ev1",
         "index",
@@ -87,8 +88,10 @@ class OpenStep:
         self.ev1: Any = None
         self.samples: int | None = None
         self.tokens: int | None = None
-        # (seq, parent_seq, name, t0, t1, ev0, ev1, memory, error)
+        # (seq, parent_seq, name, t0, t1, ev0, ev1, memory, error, host seconds): the
+        # worker's rows as they are when the phase has no events (the CPU case)
         self.phases: list[tuple[Any, ...]] = []
+        self.error = False  # a phase ended with an exception
         self.seq = 0
         self.top: set[str] | None = set() if mode == CYCLE else None
         self.scalars: list[tuple[str, Any]] | None = None
@@ -274,11 +277,17 @@ class Recorder:
                 n = len(item)
                 if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
                     self._transition_at(*item)
+                elif n == 8:  # the same + (samples, tokens): a loader's fetch ended
+                    self._transition_at(item[0], item[1], item[2], item[3], item[4], item[5])
+                    if item[6] is not None or item[7] is not None:
+                        self._adapter_counts(item[6], item[7])
                 elif item[0] is None:
                     if n == 2:  # (None, [(name, value)]): user scalars
                         self._add_scalars(item[1])
-                        continue
-                    self._adapter_counts(item[1], item[2])  # (None, samples, tokens)
+                    elif n == 3:  # (None, samples, tokens): a batch's counts
+                        self._adapter_counts(item[1], item[2])
+                    else:  # (None, name, None, None): an exhausted loader's step
+                        self._discard_if_only(item[1])
                 elif n == 3:  # (stack, t, name): a phase entered
                     self._enter_at(item[2], item[1], item[0])
                 elif n == 4:  # (stack, t, name, error): a phase exited
@@ -456,6 +465,32 @@ class Recorder:
         if tokens is not None:
             step.tokens = (step.tokens or 0) + tokens
 
+    def data_fetched(self, t: int, samples: int | None, tokens: int | None) -> None:
+        """A loader's fetch ended at ``t``: exit its ``data`` phase and add the batch's
+        counts to the adapter step open then (one log entry instead of two)."""
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            if self._defer:
+                tls = self._tls
+                try:
+                    stack = tls.stack
+                except AttributeError:
+                    stack = tls.stack = []
+                log = self._log
+                log.append((stack, t, "data", None, 0, 0, samples, tokens))
+                if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
+                    self.settle()
+                return
+            with self._lock:
+                self._settle()
+                self._transition_at(self._tls_stack(), t, "data", None, 0, 0)
+                if samples is not None or tokens is not None:
+                    self._adapter_counts(samples, tokens)
+        except Exception:
+            self._fail()
+
     def log_counts(self, samples: int | None, tokens: int | None) -> None:
         """Counts from the batch just fetched, for the adapter step open at this point."""
         if self._defer and self.enabled:
@@ -474,14 +509,20 @@ class Recorder:
 
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
+        if self._defer and self.enabled:  # logged like a boundary (at each epoch's end)
+            self._log.append((None, name, None, None))
+            return
         with self._lock:
             self._settle()
-            step = self._current
-            if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
-                self._current = None
-                if step.index == self._next_index - 1:
-                    self._next_index -= 1  # keep step indices contiguous across epochs
-                self._release_step(step)
+            self._discard_if_only(name)
+
+    def _discard_if_only(self, name: str) -> None:
+        step = self._current
+        if step is not None and step.mode == ADAPTER and all(p[2] == name for p in step.phases):
+            self._current = None
+            if step.index == self._next_index - 1:
+                self._next_index -= 1  # keep step indices contiguous across epochs
+            self._release_step(step)
 
     def _close(self, step: OpenStep, t1: int) -> None:
         if self._flop_probe is not None:
@@ -636,8 +677,13 @@ class Recorder:
                 self.events.release(entry[4])
                 self.events.release(ev)
                 return
+            if error is not None:
+                step.error = True
+            t0 = entry[3]
+            # Host seconds; a phase with events gets its device seconds on the worker.
+            seconds = (t - t0) / 1e9 if t > t0 else 0.0
             step.phases.append(
-                (entry[1], entry[2], entry[0], entry[3], t, entry[4], ev, memory, error)
+                (entry[1], entry[2], entry[0], t0, t, entry[4], ev, memory, error, seconds)
             )
         except Exception:
             self._fail()
@@ -696,9 +742,9 @@ class Recorder:
                     if owner.closed:
                         self.dropped_phases += 1
                     else:
-                        owner.phases.append(
-                            (entry[1], entry[2], close, entry[3], t, None, None, None, None)
-                        )
+                        t0 = entry[3]
+                        owner.phases.append((entry[1], entry[2], close, t0, t, None, None, None,
+                                             None, (t - t0) / 1e9 if t > t0 else 0.0))  # fmt: skip
             step = self._current
             if (
                 end

@@ -74,7 +74,7 @@ class Worker:
         self._phase_hist: dict[tuple[str, bool], HistogramState] = {}  # (phase, device?)
         # Per clock (device?): phase name -> (histogram, attributes, series name); names
         # past MAX_PHASE_SERIES map to the "_other" series.
-        self._series: dict[bool, dict[str, tuple[HistogramState, Any, str]]] = {
+        self._series: dict[bool, dict[str, list[Any]]] = {
             False: {},
             True: {},
         }
@@ -141,9 +141,10 @@ class Worker:
                 self.recorder.enabled = False
                 _log.exception("otel-train: internal error in the worker; telemetry disabled")
                 return 0
+            self.console.add_many(batch)
+            offer = self.sampler.offer
             for step in batch:
-                self.console.add(step)
-                self._emit(self.sampler.offer(step))
+                self._emit(offer(step))
             if not batch and self.sampler.mode == "sampled":
                 self._emit(self.sampler.close_if_idle(time.perf_counter_ns()))
             spent = time.thread_time_ns() - t0
@@ -173,15 +174,9 @@ class Worker:
         phases = step.phases
         phases.sort(key=_BY_SEQ)
         self._resolve_scalars(step, rs)
-        if step.ev0 is None:  # host times only (the common CPU case): one comprehension
-            # fmt: off
-            rs.rows = [
-                (p[0], p[1], p[2], p[3], p[4], None, None, p[7], p[8],
-                 (p[4] - p[3]) / 1e9 if p[4] > p[3] else 0.0)
-                for p in phases
-            ]
-            # fmt: on
-            rs.error = any(p[8] is not None for p in phases)
+        if step.ev0 is None:  # host times only (the common CPU case): the phases are rows
+            rs.rows = phases
+            rs.error = step.error
             return rs
         timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
         for p in phases:
@@ -192,7 +187,7 @@ class Worker:
         rs.dev_start, rs.dev_end = placed[0], placed[1]
         it = iter(placed[2:])
         rows = rs.rows
-        for seq, parent, name, t0, t1, ev0, _ev1, memory, error in phases:
+        for seq, parent, name, t0, t1, ev0, _ev1, memory, error, _host_s in phases:
             if ev0 is None:
                 rows.append((seq, parent, name, t0, t1, None, None, memory, error,
                              (t1 - t0) / 1e9 if t1 > t0 else 0.0))  # fmt: skip
@@ -265,24 +260,42 @@ class Worker:
             total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
             if self.efficiency is not None:
                 self._observe_efficiency(None, "begin")  # regions first: they ended earlier
+            # Per step, values are only collected; histograms take them once per batch
+            # (observe_many), counters once per batch.
+            step_values: list[float] = []
+            touched: list[list[Any]] = []  # series entries whose buffer holds values
+            samples_total = tokens_total = 0
+            any_samples = any_tokens = False
+            window = self._throughput
+            maxlen = window.maxlen
+            tp_samples, tp_tokens = self._tp_samples, self._tp_tokens
             for step in batch:
                 host_s = step.host_seconds
-                self._step_hist.observe(host_s)
+                step_values.append(host_s)
                 if api:
                     records.append((c.STEP_DURATION.name, (), host_s))
-                agg.add(c.STEPS.name, (), 1)
-                if step.samples is not None:
-                    agg.add(c.SAMPLES.name, (), step.samples)
-                if step.tokens is not None:
-                    agg.add(c.TOKENS.name, (), step.tokens)
+                samples, tokens = step.samples, step.tokens
+                if samples is None:
+                    samples = 0
+                else:
+                    any_samples = True
+                    samples_total += samples
+                if tokens is None:
+                    tokens = 0
+                else:
+                    any_tokens = True
+                    tokens_total += tokens
                 for row in step.rows:
-                    name, seconds, memory = row[2], row[9], row[7]
+                    name, memory = row[2], row[7]
                     entry = (dev_series if row[5] is not None else host_series).get(name)
                     if entry is None:
                         entry = self._phase_series(name, row[5] is not None)
-                    entry[0].observe(seconds)
+                    buf = entry[3]
+                    if not buf:
+                        touched.append(entry)
+                    buf.append(row[9])
                     if api:
-                        records.append((c.PHASE_DURATION.name, entry[1], seconds))
+                        records.append((c.PHASE_DURATION.name, entry[1], row[9]))
                     if memory is not None:
                         name = entry[2]
                         agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), memory[0])
@@ -295,9 +308,27 @@ class Worker:
                             )
                 for name, v in step.scalars:
                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                self._add_throughput(step)
+                # Throughput over the last ``throughput_window`` steps (running sums).
+                if len(window) == maxlen:
+                    old = window[0]
+                    tp_samples -= old[1]
+                    tp_tokens -= old[2]
+                window.append((step.host_end, samples, tokens))
+                tp_samples += samples
+                tp_tokens += tokens
                 if self.efficiency is not None:
                     self._observe_efficiency(step)
+            self._tp_samples, self._tp_tokens = tp_samples, tp_tokens
+            self._step_hist.observe_many(step_values)
+            for entry in touched:
+                entry[0].observe_many(entry[3])
+                entry[3].clear()
+            if batch:
+                agg.add(c.STEPS.name, (), len(batch))
+                if any_samples:
+                    agg.add(c.SAMPLES.name, (), samples_total)
+                if any_tokens:
+                    agg.add(c.TOKENS.name, (), tokens_total)
             self.steps_processed += len(batch)
             if batch:  # gauges are read at collection time: the batch's last value will do
                 self._publish_throughput(batch[-1])
@@ -308,7 +339,8 @@ class Worker:
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
 
-    def _phase_series(self, name: str, device: bool) -> tuple[HistogramState, Any, str]:
+    def _phase_series(self, name: str, device: bool) -> list[Any]:
+        """[histogram, attributes, series name, values waiting for the histogram]."""
         phase_hist = self._phase_hist
         series = name
         if (name, device) not in phase_hist and len(phase_hist) >= MAX_PHASE_SERIES:
@@ -317,7 +349,7 @@ class Worker:
         h = phase_hist.get((series, device))
         if h is None:
             h = phase_hist[(series, device)] = self.agg.histogram(c.PHASE_DURATION.name, attrs)
-        entry = (h, attrs, series)
+        entry: list[Any] = [h, attrs, series, []]
         if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
             self._series[device][name] = entry
         return entry
@@ -335,17 +367,6 @@ class Worker:
         except Exception:
             self.efficiency = self.console.efficiency = None
             _log.exception("otel-train: computing efficiency figures failed; they are disabled")
-
-    def _add_throughput(self, step: ResolvedStep) -> None:
-        window = self._throughput
-        samples, tokens = step.samples or 0, step.tokens or 0
-        if len(window) == window.maxlen:
-            _, old_samples, old_tokens = window[0]
-            self._tp_samples -= old_samples
-            self._tp_tokens -= old_tokens
-        window.append((step.host_end, samples, tokens))
-        self._tp_samples += samples
-        self._tp_tokens += tokens
 
     def _publish_throughput(self, step: ResolvedStep) -> None:
         """Samples and tokens per second over the last ``throughput_window`` steps.

@@ -71,6 +71,19 @@ def test_copy_is_independent() -> None:
     assert snap.start_unix_nano == 7
 
 
+def test_observe_many_is_observe_one_by_one() -> None:
+    values = [0.5, 1.0, 2.0, 1e-9, 7.25, 2.0000001, 0.1, 0.2, 0.3]  # bounds and float sums
+    one, many = HistogramState(BOUNDS, 0), HistogramState(BOUNDS, 0)
+    for v in values:
+        one.observe(v)
+    many.observe_many(values[:4])
+    many.observe_many([])
+    many.observe_many(values[4:])
+    assert many.counts == one.counts and many.count == one.count == len(values)
+    assert many.sum == one.sum  # the same additions in the same order: equal bit for bit
+    assert (many.min, many.max) == (one.min, one.max) == (1e-9, 7.25)
+
+
 def test_aggregator_keys_counters_gauges_and_snapshots() -> None:
     agg = MetricsAggregator()
     attrs = (("clock", "host"), ("phase", "forward"))
