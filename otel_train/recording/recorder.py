@@ -473,15 +473,7 @@ class Recorder:
             return
         try:
             if self._defer:
-                tls = self._tls
-                try:
-                    stack = tls.stack
-                except AttributeError:
-                    stack = tls.stack = []
-                log = self._log
-                log.append((stack, t, "data", None, 0, 0, samples, tokens))
-                if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
-                    self.settle()
+                self._append((self._tls_stack(), t, "data", None, 0, 0, samples, tokens))
                 return
             with self._lock:
                 self._settle()
