@@ -10,7 +10,7 @@ schedule:
 - metrics: one cumulative export per ``--interval`` seconds (metric_export_interval, 10 s);
 - traces at default sampling (trace_steps=sampled): the first step at start, then one
   trace per sampling window, min(trace_window x step time, trace_window_seconds) =
-  min(100 x ``--step-seconds``, 60) seconds.
+  min(1000 x ``--step-seconds``, 60) seconds.
 
 It starts the stack from deploy/ (scripts/stack up) on free loopback ports in a temporary
 run dir and stops it at the end. For each rank count it holds the load for ``--hold``
@@ -217,7 +217,7 @@ def run_level(
     start_ns = time.time_ns()
     ranks = [SimRank(trace, metrics, rank_resource(job, job, r, n), start_ns) for r in range(n)]
     sender = Sender(stack["ports"]["OTLP_HTTP"])
-    window = min(100 * args.step_seconds, 60.0)
+    window = min(1000 * args.step_seconds, 60.0)
     before = collector_counters(stack)
     cpu0 = {k: proc_cpu(pid) for k, pid in stack["pids"].items()}
     t0 = time.monotonic()

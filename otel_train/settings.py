@@ -263,7 +263,7 @@ class Settings:
         },
     )
     trace_window: int = field(
-        default=100,
+        default=1000,
         metadata={"parse": _int_range(1, 10**7), "doc": "Steps per sampling window."},
     )
     trace_window_seconds: float = field(

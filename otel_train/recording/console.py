@@ -89,6 +89,8 @@ class ConsoleReporter:
 
     def add_many(self, steps: list[ResolvedStep]) -> None:
         """Add a batch of steps, printing a table each ``every`` steps."""
+        if self._stream_name == "off":
+            return  # no tables and no summary: nothing reads the totals
         i, n = 0, len(steps)
         while i < n:
             take = n - i if not self.every else min(n - i, self.every - self._win_steps)

@@ -270,35 +270,46 @@ class Recorder:
     def _settle(self, limit: int = -1) -> None:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
         log = self._log
+        popleft = log.popleft
+        transition = self._transition_at
         try:
-            while log and limit != 0:
-                limit -= 1
-                item = log.popleft()
-                n = len(item)
-                if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
-                    self._transition_at(*item)
-                elif n == 8:  # the same + (samples, tokens): a loader's fetch ended
-                    self._transition_at(item[0], item[1], item[2], item[3], item[4], item[5])
-                    if item[6] is not None or item[7] is not None:
-                        self._adapter_counts(item[6], item[7])
-                elif item[0] is None:
-                    if n == 2:  # (None, [(name, value)]): user scalars
-                        self._add_scalars(item[1])
-                    elif n == 3:  # (None, samples, tokens): a batch's counts
-                        self._adapter_counts(item[1], item[2])
-                    else:  # (None, name, None, None): an exhausted loader's step
-                        self._discard_if_only(item[1])
-                elif n == 3:  # (stack, t, name): a phase entered
-                    self._enter_at(item[2], item[1], item[0])
-                elif n == 4:  # (stack, t, name, error): a phase exited
-                    self._exit_at(item[1], item[0], item[3], item[2])
-                elif n == 5:  # (stack, t, samples, tokens, None): a scoped step began
-                    self._scoped_begin_at(item[1], item[2], item[3], item[0])
-                else:  # (stack, t): a scoped step ended
-                    self._scoped_end_at(item[1])
+            while log:
+                # Entries appended meanwhile wait for the next pass (or the next call).
+                count = len(log) if limit < 0 else min(limit, len(log))
+                for _ in range(count):
+                    item = popleft()
+                    n = len(item)
+                    if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
+                        transition(*item)
+                    elif n == 8:  # the same + (samples, tokens): a loader's fetch ended
+                        transition(item[0], item[1], item[2], item[3], item[4], item[5])
+                        if item[6] is not None or item[7] is not None:
+                            self._adapter_counts(item[6], item[7])
+                    else:
+                        self._apply(item, n)
+                if limit >= 0:
+                    return
         except Exception:
             log.clear()
             self._fail()
+
+    def _apply(self, item: tuple[Any, ...], n: int) -> None:
+        """A logged entry other than an adapter boundary (see ``_settle``)."""
+        if item[0] is None:
+            if n == 2:  # (None, [(name, value)]): user scalars
+                self._add_scalars(item[1])
+            elif n == 3:  # (None, samples, tokens): a batch's counts
+                self._adapter_counts(item[1], item[2])
+            else:  # (None, name, None, None): an exhausted loader's step
+                self._discard_if_only(item[1])
+        elif n == 3:  # (stack, t, name): a phase entered
+            self._enter_at(item[2], item[1], item[0])
+        elif n == 4:  # (stack, t, name, error): a phase exited
+            self._exit_at(item[1], item[0], item[3], item[2])
+        elif n == 5:  # (stack, t, samples, tokens, None): a scoped step began
+            self._scoped_begin_at(item[1], item[2], item[3], item[0])
+        else:  # (stack, t): a scoped step ended
+            self._scoped_end_at(item[1])
 
     def _append(self, item: tuple[Any, ...]) -> None:
         log = self._log
@@ -367,11 +378,13 @@ class Recorder:
                         current.samples, current.tokens = samples, tokens
                     return current
                 self._close(current, t)
-            if not self._cuda:
+            if self._want_cuda and not self._cuda:
                 self._refresh_cuda()
-            ev0 = self.events.record() if self._cuda else None
-            device = torch.cuda.current_device() if self._cuda else None
-            step = OpenStep(self._next_index, t, mode, ev0, device)
+            if self._cuda:
+                step = OpenStep(self._next_index, t, mode, self.events.record(),
+                                torch.cuda.current_device())  # fmt: skip
+            else:
+                step = OpenStep(self._next_index, t, mode, None, None)
             if mode != CYCLE:
                 self.step_stack = stack
             step.samples, step.tokens = samples, tokens
