@@ -93,7 +93,7 @@ class ConsoleReporter:
             return  # no tables and no summary: nothing reads the totals
         i, n = 0, len(steps)
         while i < n:
-            take = n - i if not self.every else min(n - i, self.every - self._win_steps)
+            take = n - i if not self.every else max(1, min(n - i, self.every - self._win_steps))
             self._add_window(steps[i : i + take] if i or take < n else steps)
             i += take
             if self.every and self._win_steps >= self.every:

@@ -141,7 +141,11 @@ class Worker:
                 self.recorder.enabled = False
                 _log.exception("otel-train: internal error in the worker; telemetry disabled")
                 return 0
-            self.console.add_many(batch)
+            try:
+                self.console.add_many(batch)
+            except Exception:  # (a closed stdout, say): the tables stop, the rest goes on
+                self.console = ConsoleReporter(0, "off")
+                _log.exception("otel-train: printing the console table failed; it is off")
             offer = self.sampler.offer
             for step in batch:
                 self._emit(offer(step))

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import time
 
 import pytest
 import torch
-from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_model, train_epoch
+from otel_helpers import (
+    children_of,
+    providers,
+    step_spans,
+    tiny_loader,
+    tiny_model,
+    train_epoch,
+    value,
+)
 
 import otel_train
 from otel_train import contract as c
@@ -244,3 +254,26 @@ def test_user_scalar_names_are_bounded_and_the_rest_counted() -> None:
         p for p in tel.points(c.DROPPED.name) if p.attributes[c.A_REASON] == "scalar_names"
     ]
     assert dropped.value == extra
+
+
+def test_a_console_that_cannot_print_switches_off_and_metrics_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader()
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, console="stdout",
+                          console_every=1, **providers(tel))  # fmt: skip
+    session = otel_train.session.current()
+    assert session is not None
+    closed = io.StringIO()
+    closed.close()  # printing to it raises ValueError, on the worker's thread
+    with caplog.at_level(logging.ERROR, logger="otel_train"), contextlib.redirect_stdout(closed):
+        train_epoch(model, opt, loader)
+        session.worker.process()
+        train_epoch(model, opt, loader)
+        otel_train.shutdown()
+    failed = [r for r in caplog.records if "console table failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert session.worker.console.stream is None
+    assert value(tel, c.STEPS.name) == 8  # every step still counted
