@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -210,3 +211,20 @@ def job_env(endpoint: str | None, **extra: str) -> dict[str, str]:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
     env.update(extra)
     return env
+
+
+def run_job(
+    args: list[str], endpoint: str | None, *, timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run a job script (``args`` after the interpreter) under ``job_env`` to its end;
+    it must exit 0 (its stderr is the failure message)."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        env=job_env(endpoint),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stderr
+    return done

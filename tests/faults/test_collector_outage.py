@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector_helpers import ROOT, free_port, job_env, metric_points, step_indices, wait_for
+from collector_helpers import (
+    ROOT,
+    free_port,
+    job_env,
+    metric_points,
+    run_job,
+    step_indices,
+    wait_for,
+)
 
 # Trains until told to stop; reports its step count, then shutdown()'s result and time.
 TRAIN_UNTIL_STOPPED = textwrap.dedent("""
@@ -158,15 +166,7 @@ def test_shutdown_with_the_collector_down_returns_by_its_deadline(tmp_path: Path
     script.write_text(SHUTDOWN_DOWN)
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     timeout_s = 2.0
-    done = subprocess.run(
-        [sys.executable, str(script), str(timeout_s), "600"],
-        env=job_env(endpoint),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_job([str(script), str(timeout_s), "600"], endpoint, timeout=180)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print(
         f"\nshutdown with the collector down: {result['shutdown_s']:.3f} s "

@@ -8,32 +8,18 @@ counted, never held: RSS after the warm-up and at the end stay close.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from collector_helpers import ROOT, job_env
+from collector_helpers import ROOT, run_job
 
 
 def test_rss_stays_flat_with_the_collector_down(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "collector_down.py"),
-            "--warmup",
-            "1000",
-            "--steps",
-            "8000",
-            "--timeout",
-            "2",
-        ],
-        env=job_env(None),
-        capture_output=True,
-        text=True,
+    done = run_job(
+        [str(ROOT / "benchmarks" / "collector_down.py"), "--warmup", "1000", "--steps", "8000",
+         "--timeout", "2"],
+        None,
         timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
+    )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print("\n" + json.dumps(result))

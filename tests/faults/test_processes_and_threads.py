@@ -5,14 +5,12 @@ phases from another thread attributed by the documented rule.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from collector_helpers import job_env, metric_points, spans, step_indices, wait_for
+from collector_helpers import metric_points, run_job, spans, step_indices, wait_for
 
 EPOCHS, BATCHES = 4, 8
 
@@ -54,15 +52,8 @@ def test_dataloader_workers_never_export(collector: Any, tmp_path: Path, context
     collector.start()
     script = tmp_path / "loader.py"
     script.write_text(LOADER_WORKERS)
-    done = subprocess.run(
-        [sys.executable, str(script), context, str(EPOCHS)],
-        env=job_env(collector.endpoint),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_job([str(script), context, str(EPOCHS)], collector.endpoint, timeout=300,
+                   cwd=tmp_path)  # fmt: skip
     n = EPOCHS * BATCHES
     assert int(done.stdout.split()[-1]) == n
     wait_for(lambda: len(step_indices(collector.output())) >= n, f"{n} step spans")
@@ -121,15 +112,7 @@ def test_phases_on_a_rollout_thread_follow_the_open_step(collector: Any, tmp_pat
     steps = 60
     script = tmp_path / "threads.py"
     script.write_text(THREADS.replace("STEPS", str(steps)))
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        env=job_env(collector.endpoint),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_job([str(script)], collector.endpoint, timeout=300, cwd=tmp_path)
     rollouts = int(done.stdout.split()[-1])
     wait_for(lambda: len(step_indices(collector.output())) >= steps, f"{steps} step spans")
 
