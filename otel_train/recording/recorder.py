@@ -157,7 +157,7 @@ class Recorder:
         self.settings = settings
         self.enabled = True
         self._pending: collections.deque[OpenStep] = collections.deque()
-        # Deferred adapter boundaries: (stack, t, close, open_, begin, end) or a count.
+        # Deferred boundaries, counts and scalars; their shapes are listed in _settle.
         self._log: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.RLock()  # the state machine runs on one thread at a time
         self.max_pending = settings.max_pending_steps
@@ -499,7 +499,7 @@ class Recorder:
     def log_counts(self, samples: int | None, tokens: int | None) -> None:
         """Counts from the batch just fetched, for the adapter step open at this point."""
         if self._defer and self.enabled:
-            self._log.append((None, samples, tokens))
+            self._append((None, samples, tokens))
             return
         with self._lock:
             self._settle()
@@ -515,7 +515,7 @@ class Recorder:
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
         if self._defer and self.enabled:  # logged like a boundary (at each epoch's end)
-            self._log.append((None, name, None, None))
+            self._append((None, name, None, None))
             return
         with self._lock:
             self._settle()

@@ -327,14 +327,14 @@ class Worker:
             for entry in touched:
                 entry[0].observe_many(entry[3])
                 entry[3].clear()
+            self.steps_processed += len(batch)
             if batch:
                 agg.add(c.STEPS.name, (), len(batch))
                 if any_samples:
                     agg.add(c.SAMPLES.name, (), samples_total)
                 if any_tokens:
                     agg.add(c.TOKENS.name, (), tokens_total)
-            self.steps_processed += len(batch)
-            if batch:  # gauges are read at collection time: the batch's last value will do
+                # Gauges are read at collection time: the batch's last value will do.
                 self._publish_throughput(batch[-1])
                 if self.efficiency is not None:
                     self._observe_efficiency(None, "end")  # goodput, once per batch
