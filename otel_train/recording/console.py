@@ -84,9 +84,6 @@ class ConsoleReporter:
             return None
         return sys.stdout if self._stream_name == "stdout" else sys.stderr
 
-    def add(self, step: ResolvedStep) -> None:
-        self.add_many([step])
-
     def add_many(self, steps: list[ResolvedStep]) -> None:
         """Add a batch of steps, printing a table each ``every`` steps."""
         if self._stream_name == "off":

@@ -222,11 +222,7 @@ class EfficiencyTracker:
         # Run totals and goodput.
         self.step_total += host_s
         self.data_total += data_s
-        t0, t1 = step.host_start, step.host_end
-        if self.first is None or t0 < self.first:
-            self.first = t0
-        if self.last is None or t1 > self.last:
-            self.last = t1
+        self._extend(step.host_start, step.host_end)
         return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
                               counted)  # fmt: skip
 
