@@ -22,6 +22,7 @@ import collections
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
@@ -67,6 +68,13 @@ class ExportHealth(logging.Filter):
         }
 
     # -- exporter calls --------------------------------------------------------------
+
+    def failed(self, what: str, n: int) -> None:
+        """``n`` spans (``what`` = "span") or metric points ("metric") were not exported."""
+        if what == "span":
+            self.spans_failed += n
+        else:
+            self.metric_points_failed += n
 
     def exporting(self, on: bool) -> None:
         self._local.active = on
@@ -152,19 +160,27 @@ class _Guard:
         if self._pid == os.getpid():
             self._close_inner()
 
+    def _export(self, what: str, items: Callable[[], int], call: Callable[[], Any],
+                success: Any) -> bool:  # fmt: skip
+        """One export through the inner exporter. Its ``items`` count as failed when it
+        is blocked after ``abandon()`` or does not return ``success``; an outage and the
+        recovery are reported (``ExportHealth.result``) unless abandoned."""
+        if self._blocked():
+            if self.abandoned:
+                self.health.failed(what, items())
+            return False
+        ok = bool(self._call(call) == success)
+        if not ok:
+            self.health.failed(what, items())
+        if not self.abandoned:
+            self.health.result(ok, what)
+        return ok
+
 
 class GuardedSpanExporter(_Guard, SpanExporter):
     def export(self, spans: Any) -> SpanExportResult:
-        if self._blocked():
-            if self.abandoned:
-                self.health.spans_failed += len(spans)
-            return SpanExportResult.FAILURE
-        result = self._call(self.inner.export, spans)
-        ok = result == SpanExportResult.SUCCESS
-        if not ok:
-            self.health.spans_failed += len(spans)
-        if not self.abandoned:
-            self.health.result(ok, "span")
+        ok = self._export("span", lambda: len(spans), lambda: self.inner.export(spans),
+                          SpanExportResult.SUCCESS)  # fmt: skip
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
@@ -197,16 +213,12 @@ class GuardedMetricExporter(_Guard, MetricExporter):
     def export(
         self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        if self._blocked():
-            if self.abandoned:
-                self.health.metric_points_failed += _points(metrics_data)
-            return MetricExportResult.FAILURE
-        result = self._call(self.inner.export, metrics_data, timeout_millis=timeout_millis)
-        ok = result == MetricExportResult.SUCCESS
-        if not ok:
-            self.health.metric_points_failed += _points(metrics_data)
-        if not self.abandoned:
-            self.health.result(ok, "metric")
+        ok = self._export(
+            "metric",
+            lambda: _points(metrics_data),
+            lambda: self.inner.export(metrics_data, timeout_millis=timeout_millis),
+            MetricExportResult.SUCCESS,
+        )
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
