@@ -102,7 +102,7 @@ def main() -> None:
                 sess = session.current()
                 assert sess is not None
                 deadline = time.monotonic() + 10
-                while sess.recorder.pending and time.monotonic() < deadline:
+                while sess.recorder.has_work() and time.monotonic() < deadline:
                     sess.worker.process()
                     time.sleep(0.01)
                 for (nm, clock), h in sess.worker._phase_hist.items():

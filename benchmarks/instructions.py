@@ -78,14 +78,14 @@ def inner(args: argparse.Namespace) -> None:
 
     def ours() -> None:
         ob.plain_steps(model, opt, loader, args.steps)
-        while rec.pending:
+        while rec.has_work():
             worker.process()
 
     def ours_thread() -> None:  # the training thread's share: the log is settled later
         ob.plain_steps(model, opt, loader, args.steps)
 
     def ours_thread_done() -> None:
-        while rec.pending:
+        while rec.has_work():
             worker.process()
         uninstrument()
 

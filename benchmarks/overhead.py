@@ -226,7 +226,7 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
         ends: list[int] = []
         w, c = time.perf_counter_ns(), time.process_time_ns()
         plain_steps(model, opt, loader, steps, ends)
-        while sess.recorder.pending:  # count the worker's processing of every step
+        while sess.recorder.has_work():  # count the worker's processing of every step
             sess.worker.process()
         out = time.perf_counter_ns() - w, time.process_time_ns() - c
         inst.uninstrument()

@@ -311,7 +311,7 @@ SPANS = (STEP_SPAN, PHASE_SPAN)
 ADAPTER_PHASES = {
     "data": "Waiting for the next batch (host clock): DataLoader next(), HF get_batch_samples, "
     "the gap between Lightning batches, torchtitan next_batch.",
-    "forward": "From the model's forward pre-hook until backward starts (the loss included).",
+    "forward": "From the start of the model's forward until backward starts (the loss included).",
     "backward": "torch.autograd.backward (what loss.backward() calls).",
     "optimizer": "The optimizer step, from its pre-hook to its post-hook.",
     "microstep": "One gradient-accumulation micro-batch (forward and backward inside); HF and "

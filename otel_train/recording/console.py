@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from .blocks import StepBlock
 from .resolved import ResolvedStep
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
@@ -96,6 +97,50 @@ class ConsoleReporter:
             if self.every and self._win_steps >= self.every:
                 self.print_window()
 
+    def add_block(self, block: StepBlock) -> None:
+        """``add_many`` for a block's steps, from its columns."""
+        if self._stream_name == "off":
+            return
+        i, n = 0, block.k
+        while i < n:
+            take = n - i if not self.every else max(1, min(n - i, self.every - self._win_steps))
+            self._add_block_window(block, i, i + take)
+            i += take
+            if self.every and self._win_steps >= self.every:
+                self.print_window()
+
+    def _add_block_window(self, block: StepBlock, lo: int, hi: int) -> None:
+        """Steps ``lo`` .. ``hi - 1`` of a block, all in the current window."""
+        if self._win_steps == 0:
+            self._win_first = block.first + lo
+        if self.first_start is None:
+            self.first_start = block.starts[lo]
+        self.last_end = block.ends[hi - 1]
+        seconds = block.seconds[lo:hi]
+        total = sum(seconds)
+        samples = sum(v for v in block.samples[lo:hi] if v)
+        tokens = sum(v for v in block.tokens[lo:hi] if v)
+        if block.efficiency_of is not None:  # efficiency figures are on
+            self._win_data += sum(block.data_seconds()[lo:hi])
+            if block.flops is not None:
+                rated = [s for s in seconds if s > 0]
+                self._win_flops += block.flops * len(rated)
+                self._win_flop_seconds += sum(rated)
+        window = self._window
+        tpl = block.template
+        for r, row in enumerate(tpl.rows):
+            key = (tpl.depths[r], row[2])
+            t = window.get(key)
+            if t is None:
+                if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
+                    key = (0, "_other")
+                    t = window.get(key)
+                if t is None:
+                    t = window[key] = _PhaseTotals(key[0])
+            t.seconds += sum(block.phase_seconds[r][lo:hi])
+            t.count += hi - lo
+        self._add_totals(hi - lo, total, max(seconds), samples, tokens)
+
     def _add_window(self, steps: list[ResolvedStep]) -> None:
         """Steps that all fall in the current window: sums kept in locals, stored once."""
         if not steps:
@@ -150,15 +195,18 @@ class ConsoleReporter:
                     t.peak = memory[0]
             for name, value in step.scalars:
                 self.last_scalars[name] = value
-        self._win_steps += len(steps)
-        self._win_seconds += total
-        self._win_max = max(self._win_max, peak_step)
-        self._win_samples += samples
-        self._win_tokens += tokens
         self._win_data += data
         self._win_flops += flops
         self._win_flop_seconds += flop_seconds
-        self.run_steps += len(steps)
+        self._add_totals(len(steps), total, peak_step, samples, tokens)
+
+    def _add_totals(self, n: int, total: float, peak: float, samples: int, tokens: int) -> None:
+        self._win_steps += n
+        self._win_seconds += total
+        self._win_max = max(self._win_max, peak)
+        self._win_samples += samples
+        self._win_tokens += tokens
+        self.run_steps += n
         self.run_step_seconds += total
         self.run_samples += samples
         self.run_tokens += tokens

@@ -33,6 +33,7 @@ import torch
 from .. import contract as c
 from ..settings import Settings
 from .aggregate import MetricsAggregator
+from .blocks import StepBlock
 from .flops import CountResult, FlopProbe, dtype_label, parameter_count
 from .peaks import Peak, lookup_peak
 from .resolved import ResolvedStep
@@ -225,6 +226,79 @@ class EfficiencyTracker:
         self._extend(step.host_start, step.host_end)
         return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
                               counted)  # fmt: skip
+
+    def observe_block(self, block: StepBlock, agg: MetricsAggregator) -> bool:
+        """``observe`` for each of a block's steps at once (recording/blocks.py).
+
+        Only when every step in it gets the same FLOPs the same way (given, estimated
+        from equal token counts, or one counted shape, with no counted step and no count
+        cost still being measured); otherwise False, with nothing changed, and the worker
+        observes the steps one by one. Window and run sums come out equal to the
+        step-by-step ones up to float rounding.
+        """
+        probe = self.probe
+        if probe is not None and probe.results:
+            self._take_counts()
+        if self._cost_pending is not None:
+            return False
+        k = block.k
+        samples, tokens = block.samples, block.tokens
+        source = ""
+        flops: float | None = None
+        if self._given is not None:
+            flops, source = self._given, "given"
+        elif self._estimate:
+            if tokens.count(tokens[0]) != k:
+                return False
+            if tokens[0] is not None:
+                if self._params is None:
+                    self._params = parameter_count(self.models)
+                if self._params:
+                    flops, source = 6.0 * self._params * tokens[0], "estimate"
+        elif probe is not None:
+            key = (samples[0], tokens[0])
+            if samples.count(key[0]) != k or tokens.count(key[1]) != k:
+                return False
+            flops = self._counted.get(key)
+            last = block.first + k - 1
+            if flops is None or any(block.first <= i <= last for i in self._counted_steps):
+                return False
+            source = "counted"
+        seconds, data = block.seconds, block.data_seconds()
+        if flops is not None:
+            f = flops
+            rated = [s for s in seconds if s > 0]
+            if rated and not self._peak_known:
+                self._peak_for(agg)
+            items = [
+                (f, s, d, s) if s > 0 else (0.0, 0.0, d, s)
+                for s, d in zip(seconds, data, strict=True)
+            ]
+            self._last_flops = f
+            self.flops_total += f * len(rated)
+            self.flop_seconds_total += sum(rated)
+        else:
+            items = [(0.0, 0.0, d, s) for s, d in zip(seconds, data, strict=True)]
+        win = self._win
+        win.extend(items)
+        self._sums = [sum(col) for col in zip(*win, strict=True)]
+        self.step_total += sum(seconds)
+        self.data_total += sum(data)
+        self._extend(block.starts[0], block.ends[-1])
+        block.flops, block.flops_source = flops, source
+        block.efficiency_of = self.block_step
+        return True
+
+    def block_step(self, block: StepBlock, i: int) -> StepEfficiency:
+        """What ``observe`` would have returned for step ``i`` of an observed block."""
+        s, d, flops = block.seconds[i], block.data_seconds()[i], block.flops
+        rate = mfu = None
+        if flops is not None and s > 0:
+            rate = flops / s
+            if self.peak is not None:
+                mfu = rate / self.peak.flops_per_s
+        return StepEfficiency(flops, block.flops_source, rate, mfu, d / s if s > 0 else 0.0,
+                              False)  # fmt: skip
 
     def drain_regions(self, agg: MetricsAggregator) -> None:
         done = self._regions.done

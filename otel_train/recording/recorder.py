@@ -13,7 +13,9 @@ first (normally the worker; any other recorder call settles before it runs, so t
 state every caller sees is the same as if nothing had been deferred). Python code
 right after a step's kernels runs on cold caches (a ``perf_counter_ns`` pair costs
 ~0.15-0.4 us there against 0.05 us warm), so the fewer objects a hook touches, the less
-it costs; the worker replays a batch of steps on warm caches.
+it costs; the worker replays a batch of steps on warm caches. Runs of steps whose
+boundaries repeat a known shape are not replayed one by one: :meth:`drain_blocks` hands
+them to the worker as columns (recording/blocks.py).
 
 Usage::
 
@@ -29,12 +31,14 @@ import collections
 import logging
 import threading
 import traceback
+from itertools import islice
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from ..settings import Settings
+from .blocks import KIND, MAX_TEMPLATE, MAX_TEMPLATES, STACK, StepBlock, Template
 from .device import EventPool
 from .memory import CudaMemoryTracker
 from .resolved import HOST_PHASES
@@ -56,6 +60,39 @@ MAX_SCALAR_NAMES = 256
 MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
 SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
 _INT64_MAX = 2**63 - 1
+
+# Deferred-log entries are ``(stack, time, kind, ...)``. An adapter boundary's kind is the
+# boundary itself (a tuple from ``boundary()``); the other kinds are these (see _apply).
+ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD = range(7)
+Boundary = tuple[str | None, str | None, int, int, bool]
+
+
+def boundary(
+    close: str | None, open_: str | None, begin: int = 0, end: int = 0, counted: bool = False
+) -> Boundary:
+    """An adapter hook's boundary for :meth:`Recorder.transition`, made once per hook site.
+
+    Exit ``close`` if it is the innermost open phase; end the step if ``end`` (a mode) may
+    end it; open a step of mode ``begin`` if none is open; enter ``open_`` if a step is
+    (then) open. ``counted``: the entry carries the batch's (samples, tokens). Hooks log
+    the same objects every step, so the worker recognises a repeating step by identity
+    (recording/blocks.py).
+    """
+    return (close, open_, begin, end, counted)
+
+
+# A loader's fetch ended: exit its ``data`` phase and count the batch.
+DATA_FETCHED = boundary("data", None, counted=True)
+
+
+class PhaseStack(list):  # type: ignore[type-arg]
+    """A thread's phase stack; equal only to itself (the worker counts a thread's
+    entries in a log by comparing stacks, and two threads' empty stacks are not one)."""
+
+    __slots__ = ()
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
 
 class OpenStep:
@@ -174,6 +211,10 @@ class Recorder:
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
         self._defer = self._may_defer()
         self._tls = threading.local()
+        # Step shapes recognised in the log (blocks.py), by their first boundary.
+        self._templates: dict[Boundary, list[Template]] = {}
+        self._template_misses = 0  # runs that could not be learned; learning stops at 64
+        self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
         self._current: OpenStep | None = None
         self._next_index = 0
         self._scoped: list[OpenStep | None] = []  # what each open scoped step opened
@@ -240,10 +281,12 @@ class Recorder:
 
     @property
     def current_step(self) -> OpenStep | None:
-        """The open step, after every deferred boundary has been applied."""
+        """The open step, after every deferred boundary has been applied (the lock waits
+        for a drain in progress: its entries are off the log but not yet applied)."""
         if self._log:
             self.settle()
-        return self._current
+        with self._lock:
+            return self._current
 
     @property
     def pending(self) -> collections.deque[OpenStep]:
@@ -251,6 +294,16 @@ class Recorder:
         if self._log:
             self.settle()
         return self._pending
+
+    @property
+    def pending_count(self) -> int:
+        """Finished steps waiting now, boundaries still in the log not applied."""
+        return len(self._pending)
+
+    def has_work(self) -> bool:
+        """Whether the worker has boundaries to apply or finished steps to take (without
+        applying anything here: ``pending`` would replay the log on the caller's thread)."""
+        return bool(self._log or self._pending)
 
     def backlog_due(self) -> bool:
         """Whether enough waits for the worker to process before its next batch time:
@@ -267,6 +320,123 @@ class Recorder:
             with self._lock:
                 self._settle(SETTLE_SLICE)
 
+    def drain_blocks(self) -> list[tuple[list[OpenStep], StepBlock]]:
+        """Apply the log, taking runs of recognised steps as blocks (recording/blocks.py).
+
+        Returns ``(steps finished before the block, block)`` pairs in order; steps
+        finished after the last block stay in ``pending``. Normally the worker's call.
+        """
+        out: list[tuple[list[OpenStep], StepBlock]] = []
+        if not self._log or not self._defer or not self.blocks:
+            return out
+        with self._lock:
+            log = self._log
+            # Entries the training thread appends meanwhile wait for the next call. (Those
+            # taken here are applied before the lock is released: current_step waits.)
+            entries = list(islice(iter(log.popleft, None), len(log)))
+            n = len(entries)
+            kinds: list[Any] = []
+            stacks: list[Any] = []
+            templates = self._templates
+            transition = self._transition_at
+            i = 0
+            try:
+                while i < n:
+                    item = entries[i]
+                    kind = item[2]
+                    if kind.__class__ is tuple:
+                        stack = item[0]
+                        if self._current is None and not stack and self.enabled:
+                            if not kinds:
+                                kinds = list(map(KIND, entries))
+                                stacks = list(map(STACK, entries))
+                            k, tpl = self._block_at(entries, kinds, stacks, i, templates)
+                            if k:
+                                assert tpl is not None
+                                run = entries[i : i + k * tpl.m]
+                                block = StepBlock(tpl, run, self._next_index)
+                                out.append((list(self._pending), block))
+                                self._pending.clear()
+                                self._next_index += k
+                                if tpl.mode != CYCLE:
+                                    self.step_stack = stack
+                                i += k * tpl.m
+                                continue
+                        transition(stack, item[1], kind[0], kind[1], kind[2], kind[3])
+                        if kind[4] and (item[3] is not None or item[4] is not None):
+                            self._adapter_counts(item[3], item[4])
+                    else:
+                        self._apply(item, kind)
+                    i += 1
+            except Exception:
+                log.clear()
+                self._fail()
+        return out
+
+    def _block_at(
+        self,
+        entries: list[tuple[Any, ...]],
+        kinds: list[Any],
+        stacks: list[Any],
+        i: int,
+        templates: dict[Boundary, list[Template]],
+    ) -> tuple[int, Template | None]:
+        """Whole recognised steps from entry ``i`` (the recorder is idle): (count, shape)."""
+        stack = stacks[i]
+        known = templates.get(kinds[i])
+        if known:
+            for tpl in known:
+                k = tpl.match(kinds, stacks, i, stack)
+                if k:
+                    return k, tpl
+        if self._template_misses >= 64 or (known and len(known) >= MAX_TEMPLATES):
+            return 0, None
+        learned = self._learn(entries, kinds, stacks, i)
+        if learned is None:
+            return 0, None
+        templates.setdefault(kinds[i], []).append(learned)
+        return learned.match(kinds, stacks, i, stack), learned
+
+    def _learn(
+        self, entries: list[tuple[Any, ...]], kinds: list[Any], stacks: list[Any], i: int
+    ) -> Template | None:
+        """Replay entries from ``i`` on a scratch recorder, positions for times, until it
+        is idle again: the step's shape if exactly one step opened and closed."""
+        stack = stacks[i]
+        end = i
+        limit = min(len(entries), i + MAX_TEMPLATE)
+        while end < limit and kinds[end].__class__ is tuple and stacks[end] is stack:
+            end += 1  # the run of this thread's boundaries: a step must fit in it
+        if end - i >= 2:
+            scratch = Recorder(self.settings)
+            scratch._defer = False
+            scratch_stack: list[Any] = []
+            counts: list[int] = []
+            for j in range(i, end):
+                kind, pos = kinds[j], j - i
+                scratch._transition_at(scratch_stack, pos, kind[0], kind[1], kind[2], kind[3])
+                current = scratch._current
+                if kind[4] and current is not None and current.mode == ADAPTER:
+                    counts.append(pos)
+                if scratch._pending:
+                    step = scratch._pending[0]
+                    if (
+                        current is not None
+                        or scratch_stack
+                        or len(scratch._pending) != 1
+                        or scratch.dropped_phases
+                        or not scratch.enabled
+                        or step.error
+                    ):
+                        break
+                    rows = sorted((p[0], p[1], p[2], p[3], p[4]) for p in step.phases)
+                    return Template(kinds[i : j + 1], step.t0, step.t1, rows, tuple(counts),
+                                    step.mode)  # fmt: skip
+        if end == len(entries):
+            return None  # the log ends inside the step: try again next time
+        self._template_misses += 1
+        return None
+
     def _settle(self, limit: int = -1) -> None:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
         log = self._log
@@ -278,38 +448,36 @@ class Recorder:
                 count = len(log) if limit < 0 else min(limit, len(log))
                 for _ in range(count):
                     item = popleft()
-                    n = len(item)
-                    if n == 6:  # (stack, t, close, open_, begin, end): an adapter boundary
-                        transition(*item)
-                    elif n == 8:  # the same + (samples, tokens): a loader's fetch ended
-                        transition(item[0], item[1], item[2], item[3], item[4], item[5])
-                        if item[6] is not None or item[7] is not None:
-                            self._adapter_counts(item[6], item[7])
+                    kind = item[2]
+                    if kind.__class__ is tuple:  # an adapter boundary
+                        transition(item[0], item[1], kind[0], kind[1], kind[2], kind[3])
+                        if kind[4] and (item[3] is not None or item[4] is not None):
+                            self._adapter_counts(item[3], item[4])
                     else:
-                        self._apply(item, n)
+                        self._apply(item, kind)
                 if limit >= 0:
                     return
         except Exception:
             log.clear()
             self._fail()
 
-    def _apply(self, item: tuple[Any, ...], n: int) -> None:
-        """A logged entry other than an adapter boundary (see ``_settle``)."""
-        if item[0] is None:
-            if n == 2:  # (None, [(name, value)]): user scalars
-                self._add_scalars(item[1])
-            elif n == 3:  # (None, samples, tokens): a batch's counts
-                self._adapter_counts(item[1], item[2])
-            else:  # (None, name, None, None): an exhausted loader's step
-                self._discard_if_only(item[1])
-        elif n == 3:  # (stack, t, name): a phase entered
-            self._enter_at(item[2], item[1], item[0])
-        elif n == 4:  # (stack, t, name, error): a phase exited
-            self._exit_at(item[1], item[0], item[3], item[2])
-        elif n == 5:  # (stack, t, samples, tokens, None): a scoped step began
-            self._scoped_begin_at(item[1], item[2], item[3], item[0])
-        else:  # (stack, t): a scoped step ended
+    def _apply(self, item: tuple[Any, ...], kind: int) -> None:
+        """A logged entry other than an adapter boundary: ``(stack, t, kind, ...)``, or
+        ``(None, 0, kind, ...)`` for what needs no time."""
+        if kind == ENTER:  # (stack, t, ENTER, name)
+            self._enter_at(item[3], item[1], item[0])
+        elif kind == EXIT:  # (stack, t, EXIT, name, error)
+            self._exit_at(item[1], item[0], item[4], item[3])
+        elif kind == STEP_BEGIN:  # (stack, t, STEP_BEGIN, samples, tokens)
+            self._scoped_begin_at(item[1], item[3], item[4], item[0])
+        elif kind == STEP_END:  # (stack, t, STEP_END)
             self._scoped_end_at(item[1])
+        elif kind == SCALARS:  # (None, 0, SCALARS, [(name, value)])
+            self._add_scalars(item[3])
+        elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens): a batch's counts
+            self._adapter_counts(item[3], item[4])
+        else:  # (None, 0, DISCARD, name): an exhausted loader's step
+            self._discard_if_only(item[3])
 
     def _append(self, item: tuple[Any, ...]) -> None:
         log = self._log
@@ -322,7 +490,7 @@ class Recorder:
         try:
             return tls.stack  # type: ignore[no-any-return]
         except AttributeError:
-            tls.stack = []
+            tls.stack = PhaseStack()
             return tls.stack  # type: ignore[no-any-return]
 
     # -- steps -----------------------------------------------------------------------
@@ -411,7 +579,7 @@ class Recorder:
         try:
             t = perf_counter_ns()
             if self._defer:
-                self._append((self._tls_stack(), t, samples, tokens, None))
+                self._append((self._tls_stack(), t, STEP_BEGIN, samples, tokens))
                 return
             with self._lock:
                 self._settle()
@@ -426,7 +594,7 @@ class Recorder:
         try:
             t = perf_counter_ns()
             if self._defer:
-                self._append((self._tls_stack(), t))
+                self._append((self._tls_stack(), t, STEP_END))
                 return
             with self._lock:
                 self._settle()
@@ -486,7 +654,7 @@ class Recorder:
             return
         try:
             if self._defer:
-                self._append((self._tls_stack(), t, "data", None, 0, 0, samples, tokens))
+                self._append((self._tls_stack(), t, DATA_FETCHED, samples, tokens))
                 return
             with self._lock:
                 self._settle()
@@ -499,7 +667,7 @@ class Recorder:
     def log_counts(self, samples: int | None, tokens: int | None) -> None:
         """Counts from the batch just fetched, for the adapter step open at this point."""
         if self._defer and self.enabled:
-            self._append((None, samples, tokens))
+            self._append((None, 0, COUNTS, samples, tokens))
             return
         with self._lock:
             self._settle()
@@ -515,7 +683,7 @@ class Recorder:
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
         if self._defer and self.enabled:  # logged like a boundary (at each epoch's end)
-            self._append((None, name, None, None))
+            self._append((None, 0, DISCARD, name))
             return
         with self._lock:
             self._settle()
@@ -564,7 +732,7 @@ class Recorder:
             return
         try:
             if self._defer:
-                self._append((self._tls_stack(), perf_counter_ns(), name))
+                self._append((self._tls_stack(), perf_counter_ns(), ENTER, name))
                 return
             t = perf_counter_ns()
             with self._lock:
@@ -631,7 +799,7 @@ class Recorder:
             t = perf_counter_ns()
             error = self._describe(exc_type, exc) if exc_type is not None else None
             if self._defer:
-                self._append((self._tls_stack(), t, name, error))
+                self._append((self._tls_stack(), t, EXIT, name, error))
                 return
             with self._lock:
                 self._settle()
@@ -693,16 +861,13 @@ class Recorder:
         except Exception:
             self._fail()
 
-    def transition(
-        self, close: str | None, open_: str | None, begin: int = 0, end: int = 0
-    ) -> None:
-        """An adapter hook's whole work in one call, at one timestamp: exit ``close`` if it
-        is the innermost open phase; end the step if ``end`` (a mode) may end it; open a
-        step of mode ``begin`` if none is open; enter ``open_`` if a step is (then) open.
+    def transition(self, b: Boundary) -> None:
+        """An adapter hook's whole work in one call, at one timestamp: boundary ``b``
+        (see :func:`boundary`).
 
-        Without CUDA the call only logs its arguments with the time and this thread's
-        phase stack (see the module docstring); with CUDA, events and memory figures
-        must be taken at the boundary itself, so it runs at once.
+        Without CUDA the call only logs ``b`` with the time and this thread's phase stack
+        (see the module docstring); with CUDA, events and memory figures must be taken at
+        the boundary itself, so it runs at once.
         """
         if not self.enabled:
             self._disabled()
@@ -713,16 +878,16 @@ class Recorder:
                 try:
                     stack = tls.stack
                 except AttributeError:
-                    stack = tls.stack = []
+                    stack = tls.stack = PhaseStack()
                 log = self._log
-                log.append((stack, perf_counter_ns(), close, open_, begin, end))
+                log.append((stack, perf_counter_ns(), b))
                 if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
                     self.settle()
                 return
             t = perf_counter_ns()
             with self._lock:
                 self._settle()
-                self._transition_at(self._tls_stack(), t, close, open_, begin, end)
+                self._transition_at(self._tls_stack(), t, b[0], b[1], b[2], b[3])
         except Exception:
             self._fail()
 
@@ -822,7 +987,7 @@ class Recorder:
             if not items:
                 return
             if self._defer:
-                self._append((None, items))
+                self._append((None, 0, SCALARS, items))
                 return
             with self._lock:
                 self._settle()

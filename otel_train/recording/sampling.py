@@ -10,8 +10,11 @@ every step, ``none`` none.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable
+from operator import sub
 
+from .blocks import StepBlock
 from .resolved import ResolvedStep
 
 
@@ -57,6 +60,51 @@ class StepSampler:
         self._count += 1
         if self._count >= self._window or step.host_end - self._window_start >= self._window_ns:
             out.extend(self.close_window())
+        return out
+
+    def takes_blocks(self) -> bool:
+        """Whether ``offer_block`` gives what ``offer`` per step would (else: one by one)."""
+        return self.mode != "all" and self.always is None
+
+    def offer_block(self, block: StepBlock) -> list[ResolvedStep]:
+        """``offer`` for each of a block's steps, building only the steps it keeps."""
+        if self.mode == "none":
+            return []
+        out: list[ResolvedStep] = []
+        k, first = block.k, block.first
+        starts, ends = block.starts, block.ends
+        lo = 0
+        if not self._first_seen:
+            self._first_seen = True
+            step = block.step(0)
+            step.sampled_because = "first"
+            out.append(step)
+            lo = 1  # traced already: not a candidate for the slowest
+        durations = list(map(sub, ends, starts))  # end - start: host times only in a block
+        heap, slowest = self._heap, self._slowest
+        i = 0
+        while i < k:
+            if self._window_start is None:
+                self._window_start = starts[i]
+            # The step that closes this window: by count, or the first to end past its time.
+            closes = min(
+                i + self._window - self._count - 1,
+                bisect_left(ends, self._window_start + self._window_ns, i, k),
+            )
+            j = min(closes, k - 1)
+            if slowest and max(i, lo) <= j:
+                a = max(i, lo)
+                for d, index in heapq.nlargest(
+                    slowest, zip(durations[a : j + 1], range(first + a, first + j + 1), strict=True)
+                ):
+                    if len(heap) < slowest:
+                        heapq.heappush(heap, (d, index, block.step(index - first)))
+                    elif (d, index) > heap[0][:2]:
+                        heapq.heapreplace(heap, (d, index, block.step(index - first)))
+            self._count += j - i + 1
+            if closes < k:
+                out.extend(self.close_window())
+            i = j + 1
         return out
 
     def close_if_idle(self, now_ns: int) -> list[ResolvedStep]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
+from .blocks import StepBlock
 from .console import ConsoleReporter
 from .device import DeviceClock
 from .efficiency import EfficiencyTracker
@@ -118,7 +119,7 @@ class Worker:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         while True:
             self.process()
-            if not self.recorder.pending or time.monotonic() >= deadline or self.failed:
+            if not self.recorder.has_work() or time.monotonic() >= deadline or self.failed:
                 break
             time.sleep(0.005)
         if not self.failed:
@@ -134,31 +135,55 @@ class Worker:
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                batch = self._take_resolved()
-                self._update_metrics(batch)
+                parts = self._take_parts()
+                n = self._update_metrics(parts)
             except Exception:
                 self.failed = True
                 self.recorder.enabled = False
                 _log.exception("otel-train: internal error in the worker; telemetry disabled")
                 return 0
             try:
-                self.console.add_many(batch)
+                for part in parts:
+                    if isinstance(part, StepBlock):
+                        self.console.add_block(part)
+                    else:
+                        self.console.add_many(part)
             except Exception:  # (a closed stdout, say): the tables stop, the rest goes on
                 self.console = ConsoleReporter(0, "off")
                 _log.exception("otel-train: printing the console table failed; it is off")
-            offer = self.sampler.offer
-            for step in batch:
-                self._emit(offer(step))
-            if not batch and self.sampler.mode == "sampled":
-                self._emit(self.sampler.close_if_idle(time.perf_counter_ns()))
+            sampler = self.sampler
+            offer = sampler.offer
+            for part in parts:
+                if isinstance(part, StepBlock):
+                    self._emit(sampler.offer_block(part))
+                    continue
+                for step in part:
+                    self._emit(offer(step))
+            if not n and sampler.mode == "sampled":
+                self._emit(sampler.close_if_idle(time.perf_counter_ns()))
             spent = time.thread_time_ns() - t0
-            if batch:
+            if n:
                 self._cpu_ns += spent
-                self._cpu_steps += len(batch)
+                self._cpu_steps += n
                 per_step = self._cpu_ns / self._cpu_steps / 1e9
                 with self.agg.lock:
                     self.agg.set(c.OVERHEAD.name, (), per_step)
-            return len(batch)
+            return n
+
+    def _take_parts(self) -> list[list[ResolvedStep] | StepBlock]:
+        """Finished steps in order: lists of resolved steps, and blocks (blocks.py) of
+        recognised ones where every consumer can take their columns."""
+        parts: list[list[ResolvedStep] | StepBlock] = []
+        whole = self.sampler.takes_blocks()
+        for before, block in self.recorder.drain_blocks():
+            if before:
+                parts.append([self._resolve(s) for s in before])
+            block.columns()
+            parts.append(block if whole else block.steps())
+        tail = self._take_resolved()
+        if tail:
+            parts.append(tail)
+        return parts
 
     def _take_resolved(self) -> list[ResolvedStep]:
         pending = self.recorder.pending
@@ -235,14 +260,17 @@ class Worker:
             for name, v in values:
                 self.console.last_scalars[name] = v
 
-    def _update_metrics(self, batch: list[ResolvedStep]) -> None:
+    def _update_metrics(self, parts: list[list[ResolvedStep] | StepBlock]) -> int:
+        """Metrics of a batch's steps; returns how many steps it held. A block the
+        efficiency tracker cannot take whole is replaced in ``parts`` by its steps."""
         rec = self.recorder
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] = []
         host_series, dev_series = self._series[False], self._series[True]
+        n = 0
         with agg.lock:
-            agg.set(c.PENDING_STEPS.name, (), float(len(rec.pending)))
+            agg.set(c.PENDING_STEPS.name, (), float(rec.pending_count))
             dropped = agg.values.setdefault(c.DROPPED.name, {})
             for reason, count in (
                 ("queue_full", rec.dropped_steps),
@@ -273,75 +301,156 @@ class Worker:
             window = self._throughput
             maxlen = window.maxlen
             tp_samples, tp_tokens = self._tp_samples, self._tp_tokens
-            for step in batch:
-                host_s = step.host_seconds
-                step_values.append(host_s)
-                if api:
-                    records.append((c.STEP_DURATION.name, (), host_s))
-                samples, tokens = step.samples, step.tokens
-                if samples is None:
-                    samples = 0
-                else:
-                    any_samples = True
-                    samples_total += samples
-                if tokens is None:
-                    tokens = 0
-                else:
-                    any_tokens = True
-                    tokens_total += tokens
-                for row in step.rows:
-                    name, memory = row[2], row[7]
-                    entry = (dev_series if row[5] is not None else host_series).get(name)
-                    if entry is None:
-                        entry = self._phase_series(name, row[5] is not None)
-                    buf = entry[3]
-                    if not buf:
-                        touched.append(entry)
-                    buf.append(row[9])
+            last: ResolvedStep | None = None
+            for idx, part in enumerate(parts):
+                if isinstance(part, StepBlock):
+                    block: StepBlock = part
+                    if self.efficiency is not None and not self._observe_block(block):
+                        part = parts[idx] = block.steps()  # observed one by one below
+                    else:
+                        n += block.k
+                        step_values.extend(block.seconds)
+                        if api:
+                            records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
+                        self._block_phases(block, host_series, touched, records if api else None)
+                        known = [v for v in block.samples if v is not None]
+                        s_col = [0] * block.k
+                        if known:
+                            any_samples = True
+                            samples_total += sum(known)
+                            s_col = [v or 0 for v in block.samples]
+                        known = [v for v in block.tokens if v is not None]
+                        t_col = [0] * block.k
+                        if known:
+                            any_tokens = True
+                            tokens_total += sum(known)
+                            t_col = [v or 0 for v in block.tokens]
+                        # Throughput's running sums, recounted when steps leave the window.
+                        full = maxlen is not None and len(window) + block.k > maxlen
+                        window.extend(zip(block.ends, s_col, t_col, strict=True))
+                        if full:
+                            tp_samples = sum(w[1] for w in window)
+                            tp_tokens = sum(w[2] for w in window)
+                        else:
+                            tp_samples += sum(s_col)
+                            tp_tokens += sum(t_col)
+                        last = None
+                        continue
+                n += len(part)
+                for step in part:
+                    host_s = step.host_seconds
+                    step_values.append(host_s)
                     if api:
-                        records.append((c.PHASE_DURATION.name, entry[1], row[9]))
-                    if memory is not None:
-                        name = entry[2]
-                        agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), memory[0])
-                        agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), memory[1])
-                        if total_bytes:
-                            agg.set(
-                                c.PHASE_MEMORY_UTILIZATION.name,
-                                ((A_PHASE, name),),
-                                memory[1] / total_bytes,
-                            )
-                for name, v in step.scalars:
-                    agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                # Throughput over the last ``throughput_window`` steps (running sums).
-                if len(window) == maxlen:
-                    old = window[0]
-                    tp_samples -= old[1]
-                    tp_tokens -= old[2]
-                window.append((step.host_end, samples, tokens))
-                tp_samples += samples
-                tp_tokens += tokens
-                if self.efficiency is not None:
-                    self._observe_efficiency(step)
+                        records.append((c.STEP_DURATION.name, (), host_s))
+                    samples, tokens = step.samples, step.tokens
+                    if samples is None:
+                        samples = 0
+                    else:
+                        any_samples = True
+                        samples_total += samples
+                    if tokens is None:
+                        tokens = 0
+                    else:
+                        any_tokens = True
+                        tokens_total += tokens
+                    for row in step.rows:
+                        name, memory = row[2], row[7]
+                        entry = (dev_series if row[5] is not None else host_series).get(name)
+                        if entry is None:
+                            entry = self._phase_series(name, row[5] is not None)
+                        buf = entry[3]
+                        if not buf:
+                            touched.append(entry)
+                        buf.append(row[9])
+                        if api:
+                            records.append((c.PHASE_DURATION.name, entry[1], row[9]))
+                        if memory is not None:
+                            name = entry[2]
+                            agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"),
+                                    memory[0])  # fmt: skip
+                            agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"),
+                                    memory[1])  # fmt: skip
+                            if total_bytes:
+                                agg.set(
+                                    c.PHASE_MEMORY_UTILIZATION.name,
+                                    ((A_PHASE, name),),
+                                    memory[1] / total_bytes,
+                                )
+                    for name, v in step.scalars:
+                        agg.set(c.SCALAR.name, ((A_NAME, name),), v)
+                    # Throughput over the last ``throughput_window`` steps (running sums).
+                    if len(window) == maxlen:
+                        old = window[0]
+                        tp_samples -= old[1]
+                        tp_tokens -= old[2]
+                    window.append((step.host_end, samples, tokens))
+                    tp_samples += samples
+                    tp_tokens += tokens
+                    if self.efficiency is not None:
+                        self._observe_efficiency(step)
+                    last = step
             self._tp_samples, self._tp_tokens = tp_samples, tp_tokens
             self._step_hist.observe_many(step_values)
             for entry in touched:
                 entry[0].observe_many(entry[3])
                 entry[3].clear()
-            self.steps_processed += len(batch)
-            if batch:
-                agg.add(c.STEPS.name, (), len(batch))
+            self.steps_processed += n
+            if n:
+                agg.add(c.STEPS.name, (), n)
                 if any_samples:
                     agg.add(c.SAMPLES.name, (), samples_total)
                 if any_tokens:
                     agg.add(c.TOKENS.name, (), tokens_total)
                 # Gauges are read at collection time: the batch's last value will do.
-                self._publish_throughput(batch[-1])
+                if last is None:
+                    block = parts[-1]  # type: ignore[assignment]
+                    last = block.step(block.k - 1)
+                self._publish_throughput(last)
                 if self.efficiency is not None:
                     self._observe_efficiency(None, "end")  # goodput, once per batch
         if api:
             assert self.publisher is not None
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
+        return n
+
+    def _block_phases(
+        self,
+        block: StepBlock,
+        host_series: dict[str, list[Any]],
+        touched: list[list[Any]],
+        records: list[tuple[str, Any, float]] | None,
+    ) -> None:
+        """A block's phase durations into their series' buffers, in step order."""
+        by_entry: dict[int, tuple[list[Any], list[list[float]]]] = {}
+        for r, row in enumerate(block.template.rows):
+            entry = host_series.get(row[2])
+            if entry is None:
+                entry = self._phase_series(row[2], False)
+            by_entry.setdefault(id(entry), (entry, []))[1].append(block.phase_seconds[r])
+        for entry, cols in by_entry.values():
+            buf = entry[3]
+            if not buf:
+                touched.append(entry)
+            if len(cols) == 1:
+                buf.extend(cols[0])
+            else:  # a name the step repeats (gradient accumulation): step by step
+                buf.extend(v for vals in zip(*cols, strict=True) for v in vals)
+            if records is not None:
+                attrs = entry[1]
+                records.extend(
+                    (c.PHASE_DURATION.name, attrs, v) for v in buf[-block.k * len(cols) :]
+                )
+
+    def _observe_block(self, block: StepBlock) -> bool:
+        """The efficiency tracker takes a whole block (False: observe its steps)."""
+        assert self.efficiency is not None
+        try:
+            return self.efficiency.observe_block(block, self.agg)
+        except Exception:
+            self.efficiency = self.console.efficiency = None
+            _log.exception("otel-train: computing efficiency figures failed; they are disabled")
+            return True
 
     def _phase_series(self, name: str, device: bool) -> list[Any]:
         """[histogram, attributes, series name, values waiting for the histogram]."""

@@ -99,6 +99,7 @@ class TorchLoopRig(Rig):
 
     def state(self) -> dict[str, Any]:
         return {"model": _module_hooks(self.target), "optimizer": _optimizer_hooks(self.opt),
+                "patched": _patched_names(self.target),
                 "loader class": type(self.loader) is torch.utils.data.DataLoader,
                 **_globals()}  # fmt: skip
 

@@ -3,6 +3,9 @@ and CPU-only runs carrying no device attributes."""
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_model, train_epoch
@@ -40,7 +43,7 @@ def test_bad_companions_raise_type_error_before_any_change(kwargs: dict, fragmen
     backward = torch.autograd.backward
     with pytest.raises(TypeError, match=fragment):
         otel_train.instrument(model, **kwargs)
-    assert not model._forward_pre_hooks
+    assert "forward" not in vars(model)
     assert torch.autograd.backward is backward
 
 
@@ -53,11 +56,11 @@ def test_double_instrument_returns_the_same_handle_with_a_warning() -> None:
     tel = InMemoryTelemetry()
     model, opt = tiny_model()
     first = otel_train.instrument(model, optimizer=opt, **QUIET, **providers(tel))
-    hooks = dict(model._forward_pre_hooks)
+    timed = vars(model)["forward"]
     with pytest.warns(RuntimeWarning, match="already instrumented"):
         second = otel_train.instrument(model, optimizer=opt, **QUIET, **providers(tel))
     assert second is first
-    assert dict(model._forward_pre_hooks) == hooks  # no second set of hooks
+    assert vars(model)["forward"] is timed  # not wrapped twice
     loss = model(torch.randn(3, 8)).sum()
     loss.backward()
     opt.step()
@@ -87,6 +90,7 @@ def test_other_settings_on_a_live_session_are_a_config_error() -> None:
 
 def _hook_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
     return {
+        "forward_attr": vars(model).get("forward"),
         "forward_pre": dict(model._forward_pre_hooks),
         "forward_pre_kwargs": dict(model._forward_pre_hooks_with_kwargs),
         "forward": dict(model._forward_hooks),
@@ -200,7 +204,7 @@ def test_two_handles_uninstrument_independently() -> None:
     a = otel_train.instrument(model_a, optimizer=opt_a, **QUIET, **providers(tel))
     b = otel_train.instrument(model_b, optimizer=opt_b, **QUIET, **providers(tel))
     a.uninstrument()
-    assert not model_a._forward_pre_hooks and model_b._forward_pre_hooks
+    assert "forward" not in vars(model_a) and "forward" in vars(model_b)
     assert torch.autograd.backward is not backward  # b still needs the backward patch
     b.uninstrument()
     assert torch.autograd.backward is backward
@@ -255,3 +259,28 @@ def test_without_cuda_device_attributes_are_absent_not_zero(settings: dict) -> N
     assert not CUDA_ONLY_METRICS & set(collected)
     for p in tel.points(c.PHASE_DURATION.name):
         assert p.attributes[c.A_CLOCK] == "host"
+
+
+def test_copies_of_an_instrumented_model_work_and_are_not_instrumented() -> None:
+    """deepcopy (an EMA model) and pickling (torch.save of a whole model) of an instrumented
+    model and optimizer: the copies compute with their own weights and record nothing."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    otel_train.instrument(model, optimizer=opt, **QUIET, **providers(tel))
+    ema = copy.deepcopy(model)
+    opt_copy = copy.deepcopy(opt)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    x = torch.randn(3, 8)
+    with torch.no_grad():  # (the original's forward opens no step without grad)
+        for p in ema.parameters():
+            p.add_(1.0)  # the copy's own weights, not the original's
+        assert not torch.equal(ema(x), model(x))
+        assert torch.equal(loaded(x), model(x))
+    for m in (ema, loaded):
+        m(x).sum().backward()
+    opt_copy.step()
+    otel_train.shutdown()
+    assert step_spans(tel.spans()) == []

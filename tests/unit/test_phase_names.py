@@ -8,16 +8,15 @@ from pathlib import Path
 from otel_train import contract as c
 
 ADAPTERS = Path(__file__).resolve().parents[2] / "otel_train" / "adapters"
-PHASE_CALLS = {"enter", "transition", "exit_if_top", "phase"}
+PHASE_CALLS = {"enter", "boundary", "exit_if_top", "phase"}
 
 
 def phase_literals(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in PHASE_CALLS
+        if isinstance(node, ast.Call) and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr in PHASE_CALLS)
+            or (isinstance(node.func, ast.Name) and node.func.id in PHASE_CALLS)
         ):
             for arg in node.args:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):

@@ -63,7 +63,7 @@ def test_bad_keyword_value_fails_at_instrument_naming_the_setting(name: str) -> 
     assert f"'{name}'" in message
     assert f"argument {name}=" in message
     assert accepted in message
-    assert not model._forward_pre_hooks  # nothing attached
+    assert "forward" not in vars(model)  # nothing attached
     assert otel_train.session.current() is None
 
 
@@ -82,7 +82,7 @@ def test_bad_environment_value_fails_at_instrument_naming_the_variable(
     assert f"'{name}'" in message
     assert f"OTEL_TRAIN_{name.upper()}" in message
     assert accepted in message
-    assert not model._forward_pre_hooks
+    assert "forward" not in vars(model)
 
 
 def test_config_error_is_a_value_error() -> None:
@@ -141,7 +141,7 @@ def test_port_in_use_is_a_config_error_naming_prometheus_port(
         assert "'prometheus_port'" in message
         assert str(port) in message
         assert "already in use" in message
-        assert not model._forward_pre_hooks
+        assert "forward" not in vars(model)
         assert otel_train.session.current() is None
 
 
