@@ -25,7 +25,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from .resolved import ResolvedStep
+from .resolved import ResolvedStep, scalar_value
 
 MAX_TEMPLATE = 64  # entries a step may log to be recognised
 MAX_TEMPLATES = 8  # shapes kept per first boundary
@@ -39,8 +39,8 @@ _TOKENS = itemgetter(4)
 class Template:
     """One step's shape, in entry positions (0 .. ``m`` - 1) of its run of boundaries."""
 
-    __slots__ = ("_repeated", "counts", "data_rows", "depths", "end", "kinds", "m", "mode", "rows",
-                 "start")  # fmt: skip
+    __slots__ = ("_repeated", "counts", "data_rows", "depths", "end", "kinds", "loose", "m", "mode",
+                 "rows", "scalars", "start")  # fmt: skip
 
     def __init__(
         self,
@@ -50,6 +50,8 @@ class Template:
         rows: list[tuple[int, int, str, int, int]],
         counts: tuple[int, ...],
         mode: int,
+        scalars: tuple[int, ...] = (),
+        loose: tuple[int, ...] = (),
     ) -> None:
         self.kinds = kinds  # the boundary objects, in order
         self._repeated = kinds  # kinds repeated, for comparing many steps at once
@@ -58,6 +60,9 @@ class Template:
         self.rows = rows  # (seq, parent, name, entering entry, leaving entry), by seq
         self.counts = counts  # entries whose (samples, tokens) go to the step
         self.mode = mode
+        # User scalars recorded inside the step, and after it (``record()`` after the
+        # optimizer step: they belong to no step)
+        self.scalars, self.loose = scalars, loose
         depth: dict[int, int] = {}
         for seq, parent, *_ in rows:
             depth[seq] = depth.get(parent, -1) + 1 if parent >= 0 else 0
@@ -99,8 +104,8 @@ class StepBlock:
     """
 
     __slots__ = ("_data", "_entries", "_times", "efficiency_of", "ends", "first", "flops",
-                 "flops_source", "k", "phase_seconds", "samples", "seconds", "starts", "template",
-                 "tokens")  # fmt: skip
+                 "flops_source", "k", "phase_seconds", "samples", "scalars", "seconds", "starts",
+                 "template", "tokens")  # fmt: skip
 
     def __init__(self, template: Template, entries: list[tuple[Any, ...]], first: int) -> None:
         self.template = template
@@ -128,6 +133,16 @@ class StepBlock:
             for _, _, _, i0, i1 in tpl.rows
         ]
         self.samples, self.tokens = self._counts()
+        # Each step's scalars, resolved as the worker resolves a replayed step's.
+        self.scalars: list[list[tuple[str, float]]] | None = None
+        if tpl.scalars:
+            per_step: list[list[tuple[str, float]]] = [[] for _ in range(self.k)]
+            for p in tpl.scalars:
+                for out, entry in zip(per_step, self._entries[p::m], strict=True):
+                    out.extend(
+                        (n, v) for n, raw in entry[3] if (v := scalar_value(raw)) is not None
+                    )
+            self.scalars = per_step
         self._entries = []
 
     def _counts(self) -> tuple[list[int | None], list[int | None]]:
@@ -181,6 +196,8 @@ class StepBlock:
             )
             for r, (seq, parent, name, i0, i1) in enumerate(tpl.rows)
         ]
+        if self.scalars is not None:
+            rs.scalars = list(self.scalars[i])
         if self.efficiency_of is not None:
             rs.efficiency = self.efficiency_of(self, i)
         return rs

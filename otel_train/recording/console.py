@@ -139,6 +139,10 @@ class ConsoleReporter:
                     t = window[key] = _PhaseTotals(key[0])
             t.seconds += sum(block.phase_seconds[r][lo:hi])
             t.count += hi - lo
+        if block.scalars is not None:
+            for items in block.scalars[lo:hi]:
+                for name, value in items:
+                    self.last_scalars[name] = value
         self._add_totals(hi - lo, total, max(seconds), samples, tokens)
 
     def _add_window(self, steps: list[ResolvedStep]) -> None:

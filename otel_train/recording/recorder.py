@@ -356,6 +356,9 @@ class Recorder:
                                 run = entries[i : i + k * tpl.m]
                                 block = StepBlock(tpl, run, self._next_index)
                                 out.append((list(self._pending), block))
+                                for p in tpl.loose:  # scalars recorded between steps
+                                    for e in run[p :: tpl.m]:
+                                        self.loose_scalars.extend(e[3])
                                 self._pending.clear()
                                 self._next_index += k
                                 if tpl.mode != CYCLE:
@@ -384,18 +387,28 @@ class Recorder:
         """Whole recognised steps from entry ``i`` (the recorder is idle): (count, shape)."""
         stack = stacks[i]
         known = templates.get(kinds[i])
-        if known:
-            for tpl in known:
-                k = tpl.match(kinds, stacks, i, stack)
-                if k:
-                    return k, tpl
+        best, best_tpl = 0, None
+        for tpl in known or ():
+            k = tpl.match(kinds, stacks, i, stack)
+            if k * tpl.m > best * (best_tpl.m if best_tpl else 0):
+                best, best_tpl = k, tpl
+        if best > 1 or (best and i + best * best_tpl.m == len(kinds)):  # type: ignore[union-attr]
+            return best, best_tpl
+        # None, or one step and more after it: a longer shape may fit (scalars recorded
+        # after each step, say). Learning is bounded: 8 shapes, 64 failed attempts.
         if self._template_misses >= 64 or (known and len(known) >= MAX_TEMPLATES):
-            return 0, None
+            return best, best_tpl
         learned = self._learn(entries, kinds, stacks, i)
         if learned is None:
-            return 0, None
+            return best, best_tpl
+        if any(t.kinds == learned.kinds for t in known or ()):
+            self._template_misses += 1  # the shape is known: it just did not repeat here
+            return best, best_tpl
         templates.setdefault(kinds[i], []).append(learned)
-        return learned.match(kinds, stacks, i, stack), learned
+        k = learned.match(kinds, stacks, i, stack)
+        if k * learned.m > best * (best_tpl.m if best_tpl else 0):
+            return k, learned
+        return best, best_tpl
 
     def _learn(
         self, entries: list[tuple[Any, ...]], kinds: list[Any], stacks: list[Any], i: int
@@ -405,15 +418,23 @@ class Recorder:
         stack = stacks[i]
         end = i
         limit = min(len(entries), i + MAX_TEMPLATE)
-        while end < limit and kinds[end].__class__ is tuple and stacks[end] is stack:
-            end += 1  # the run of this thread's boundaries: a step must fit in it
+        while (
+            end < limit
+            and stacks[end] is stack
+            and (kinds[end].__class__ is tuple or kinds[end] == SCALARS)
+        ):
+            end += 1  # the run of this thread's boundaries and scalars: a step must fit in it
         if end - i >= 2:
             scratch = Recorder(self.settings)
             scratch._defer = False
             scratch_stack: list[Any] = []
             counts: list[int] = []
+            scalars: list[int] = []
             for j in range(i, end):
                 kind, pos = kinds[j], j - i
+                if kind.__class__ is not tuple:  # user scalars, inside the step
+                    scalars.append(pos)
+                    continue
                 scratch._transition_at(scratch_stack, pos, kind[0], kind[1], kind[2], kind[3])
                 current = scratch._current
                 if kind[4] and current is not None and current.mode == ADAPTER:
@@ -427,11 +448,18 @@ class Recorder:
                         or scratch.dropped_phases
                         or not scratch.enabled
                         or step.error
+                        or (scalars and scalars[0] < step.t0)  # scalars before the step began
                     ):
                         break
+                    last = j + 1
+                    while last < end and kinds[last] == SCALARS:
+                        last += 1  # recorded after the step: loose, like the replay's
+                    if last == len(entries):
+                        return None  # more may follow: try again next time
                     rows = sorted((p[0], p[1], p[2], p[3], p[4]) for p in step.phases)
-                    return Template(kinds[i : j + 1], step.t0, step.t1, rows, tuple(counts),
-                                    step.mode)  # fmt: skip
+                    loose = tuple(range(j + 1 - i, last - i))
+                    return Template(kinds[i:last], step.t0, step.t1, rows, tuple(counts),
+                                    step.mode, tuple(scalars), loose)  # fmt: skip
         if end == len(entries):
             return None  # the log ends inside the step: try again next time
         self._template_misses += 1
@@ -472,7 +500,7 @@ class Recorder:
             self._scoped_begin_at(item[1], item[3], item[4], item[0])
         elif kind == STEP_END:  # (stack, t, STEP_END)
             self._scoped_end_at(item[1])
-        elif kind == SCALARS:  # (None, 0, SCALARS, [(name, value)])
+        elif kind == SCALARS:  # (stack, 0, SCALARS, [(name, value)])
             self._add_scalars(item[3])
         elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens): a batch's counts
             self._adapter_counts(item[3], item[4])
@@ -986,8 +1014,8 @@ class Recorder:
                     items.append((name, item))
             if not items:
                 return
-            if self._defer:
-                self._append((None, 0, SCALARS, items))
+            if self._defer:  # (with this thread's stack: a recognised step may hold it)
+                self._append((self._tls_stack(), 0, SCALARS, items))
                 return
             with self._lock:
                 self._settle()

@@ -120,3 +120,11 @@ class ResolvedStep:
             self.device_seconds = max(0, self.dev_end - self.dev_start) / 1e9
             end = max(end, self.dev_end)
         self.start, self.end = start, end
+
+
+def scalar_value(raw: Any) -> float | None:
+    """A recorded scalar's value: a float, or ``(pinned host tensor, event)`` filled from
+    the device once the event completed (the caller checks that)."""
+    if isinstance(raw, tuple):
+        return float(raw[0].item())
+    return raw if isinstance(raw, float) else None

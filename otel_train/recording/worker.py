@@ -26,7 +26,7 @@ from .device import DeviceClock
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
 from .recorder import OpenStep, Recorder
-from .resolved import ResolvedStep
+from .resolved import ResolvedStep, scalar_value
 from .sampling import StepSampler
 from .spans import SpanEmitter
 
@@ -236,7 +236,7 @@ class Worker:
     @staticmethod
     def _resolve_scalars(step: OpenStep, rs: ResolvedStep) -> None:
         if step.scalars:
-            rs.scalars = [(n, v) for n, raw in step.scalars if (v := _scalar(raw)) is not None]
+            rs.scalars = [(n, v) for n, raw in step.scalars if (v := scalar_value(raw)) is not None]
 
     def _resolve_loose_scalars(self) -> None:
         loose = self.recorder.loose_scalars
@@ -249,7 +249,7 @@ class Worker:
             if isinstance(raw, tuple) and not raw[1].query():
                 keep.append((name, raw))
                 continue
-            v = _scalar(raw)
+            v = scalar_value(raw)
             if v is not None:
                 values.append((name, v))
         loose.extend(keep)
@@ -313,6 +313,10 @@ class Worker:
                         if api:
                             records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
                         self._block_phases(block, host_series, touched, records if api else None)
+                        if block.scalars is not None:
+                            for items in block.scalars:
+                                for name, v in items:
+                                    agg.set(c.SCALAR.name, ((A_NAME, name),), v)
                         known = [v for v in block.samples if v is not None]
                         s_col = [0] * block.k
                         if known:
@@ -545,9 +549,3 @@ def _completed(step: OpenStep) -> bool:
     if not step.ev1.query():
         return False
     return all(p[6] is None or p[6].query() for p in step.phases)
-
-
-def _scalar(raw: Any) -> float | None:
-    if isinstance(raw, tuple):  # (pinned host tensor, event): filled once the event completed
-        return float(raw[0].item())
-    return raw if isinstance(raw, float) else None

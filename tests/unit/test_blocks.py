@@ -29,7 +29,8 @@ SETTINGS = {
 
 
 def _loop(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> None:
-    """Plain steps, an epoch end, an explicit phase, gradient accumulation, scalars."""
+    """Plain steps, epoch ends, an explicit phase, gradient accumulation, scalars recorded
+    after and inside steps."""
     for _ in range(3):
         train_epoch(model, opt, loader)
     for i, (x, y) in enumerate(loader):
@@ -47,7 +48,15 @@ def _loop(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> No
             x, y = next(it)
             torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    train_epoch(model, opt, loader, record=True)
+    for _ in range(2):
+        train_epoch(model, opt, loader, record=True)  # scalars after each step: loose
+    for _ in range(2):
+        for x, y in loader:  # scalars inside each step
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            otel_train.record(loss=loss, lr=0.01)
+            opt.step()
     for _ in range(2):
         train_epoch(model, opt, loader)
 
@@ -113,12 +122,14 @@ def test_blocks_give_what_the_replay_of_each_step_gives(
     rec = session.recorder
     _loop(model, opt, loader)
     logged = list(rec._log)
-    assert len(logged) > 300
+    assert len(logged) > 400
     rec.drain_blocks = _counting(rec.drain_blocks, taken := [])
     session.worker.process()
     otel_train.shutdown()
     out_blocks = capsys.readouterr().out
-    assert sum(taken) >= 25  # most steps went as blocks; the rest were replayed
+    assert sum(taken) >= 40  # most steps went as blocks; the rest were replayed
+    shapes = [t for ts in rec._templates.values() for t in ts]
+    assert any(t.loose for t in shapes) and any(t.scalars for t in shapes)
 
     tel_replay = InMemoryTelemetry()
     model2, opt2 = tiny_model()
