@@ -130,13 +130,7 @@ class ConsoleReporter:
         tpl = block.template
         for r, row in enumerate(tpl.rows):
             key = (tpl.depths[r], row[2])
-            t = window.get(key)
-            if t is None:
-                if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
-                    key = (0, "_other")
-                    t = window.get(key)
-                if t is None:
-                    t = window[key] = _PhaseTotals(key[0])
+            t = window.get(key) or self._new_row(key)
             t.seconds += sum(block.phase_seconds[r][lo:hi])
             t.count += hi - lo
         if block.scalars is not None:
@@ -185,13 +179,7 @@ class ConsoleReporter:
                 if depth is not None:
                     depth[row[0]] = d
                 key = (d, row[2])
-                t = window.get(key)
-                if t is None:
-                    if len(window) + len(self._run) >= MAX_ROWS:  # bounded table
-                        key = (0, "_other")
-                        t = window.get(key)
-                    if t is None:
-                        t = window[key] = _PhaseTotals(key[0])
+                t = window.get(key) or self._new_row(key)
                 t.seconds += row[9]
                 t.count += 1
                 memory = row[7]
@@ -203,6 +191,18 @@ class ConsoleReporter:
         self._win_flops += flops
         self._win_flop_seconds += flop_seconds
         self._add_totals(len(steps), total, peak_step, samples, tokens)
+
+    def _new_row(self, key: tuple[int, str]) -> _PhaseTotals:
+        """The window's row for a (depth, phase) not seen in it yet; past MAX_ROWS rows,
+        further names share "_other" (a bounded table)."""
+        window = self._window
+        if len(window) + len(self._run) >= MAX_ROWS:
+            key = (0, "_other")
+            t = window.get(key)
+            if t is not None:
+                return t
+        t = window[key] = _PhaseTotals(key[0])
+        return t
 
     def _add_totals(self, n: int, total: float, peak: float, samples: int, tokens: int) -> None:
         self._win_steps += n

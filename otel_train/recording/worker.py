@@ -317,18 +317,12 @@ class Worker:
                             for items in block.scalars:
                                 for name, v in items:
                                     agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                        known = [v for v in block.samples if v is not None]
-                        s_col = [0] * block.k
-                        if known:
-                            any_samples = True
-                            samples_total += sum(known)
-                            s_col = [v or 0 for v in block.samples]
-                        known = [v for v in block.tokens if v is not None]
-                        t_col = [0] * block.k
-                        if known:
-                            any_tokens = True
-                            tokens_total += sum(known)
-                            t_col = [v or 0 for v in block.tokens]
+                        s_known, s_sum, s_col = _counted(block.samples)
+                        t_known, t_sum, t_col = _counted(block.tokens)
+                        any_samples = any_samples or s_known
+                        any_tokens = any_tokens or t_known
+                        samples_total += s_sum
+                        tokens_total += t_sum
                         # Throughput's running sums, recounted when steps leave the window.
                         full = maxlen is not None and len(window) + block.k > maxlen
                         window.extend(zip(block.ends, s_col, t_col, strict=True))
@@ -535,6 +529,14 @@ class Worker:
         # or the last batch (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
+
+
+def _counted(column: list[int | None]) -> tuple[bool, int, list[int]]:
+    """A block's samples or tokens: (any known, their sum, the column with None as 0)."""
+    known = [v for v in column if v is not None]
+    if not known:
+        return False, 0, [0] * len(column)
+    return True, sum(known), [v or 0 for v in column]
 
 
 def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:
