@@ -20,6 +20,7 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from time import perf_counter_ns
@@ -329,17 +330,18 @@ class _TimedForward:
             adapter.forward_failed(err)
             raise
 
+    # A copied or pickled model gets the forward this one replaced, not the timing: the
+    # copy (an EMA model, say) is not instrumented. A bound method is copied onto the copy.
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """The copy's own forward, uninstrumented (a copied model is not instrumented)."""
-        copy = memo.get(id(self.module))
-        return _plain_forward(copy) if copy is not None else self.__wrapped__
+        return copy.deepcopy(self.__wrapped__, memo)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_plain_forward, (self.module,))
+        return (_same, (self.__wrapped__,))
 
 
-def _plain_forward(module: torch.nn.Module) -> Any:
-    return type(module).forward.__get__(module)
+def _same(value: Any) -> Any:
+    return value
 
 
 def attach(

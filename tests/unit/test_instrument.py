@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import types
 
 import pytest
 import torch
@@ -284,3 +285,25 @@ def test_copies_of_an_instrumented_model_work_and_are_not_instrumented() -> None
     opt_copy.step()
     otel_train.shutdown()
     assert step_spans(tel.spans()) == []
+
+
+def test_a_forward_wrapped_before_instrument_stays_in_copies_and_after_uninstrument() -> None:
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+
+    def doubled(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return type(self).forward(self, x) * 2
+
+    model.forward = types.MethodType(doubled, model)  # a user's (or library's) wrapper
+    inst = otel_train.instrument(model, optimizer=opt, **QUIET, **providers(tel))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        plain = torch.nn.Sequential.forward(model, x)
+        ema = copy.deepcopy(model)
+        assert torch.equal(model(x), plain * 2) and torch.equal(ema(x), plain * 2)
+        for p in ema.parameters():
+            p.add_(1.0)
+        assert not torch.equal(ema(x), model(x))  # the wrapper runs on the copy's weights
+    inst.uninstrument()
+    assert vars(model)["forward"].__func__ is doubled
+    otel_train.shutdown()
