@@ -250,11 +250,8 @@ class EfficiencyTracker:
         elif self._estimate:
             if tokens.count(tokens[0]) != k:
                 return False
-            if tokens[0] is not None:
-                if self._params is None:
-                    self._params = parameter_count(self.models)
-                if self._params:
-                    flops, source = 6.0 * self._params * tokens[0], "estimate"
+            flops = self._estimated(tokens[0])
+            source = "estimate" if flops is not None else ""
         elif probe is not None:
             key = (samples[0], tokens[0])
             if samples.count(key[0]) != k or tokens.count(key[1]) != k:
@@ -383,12 +380,8 @@ class EfficiencyTracker:
         if self._given is not None:
             return self._given, "given", False
         if self._estimate:
-            if step.tokens is None:
-                return None, "", False
-            if self._params is None:
-                self._params = parameter_count(self.models)
-            return (6.0 * self._params * step.tokens, "estimate", False) if self._params else (
-                None, "", False)  # fmt: skip
+            flops = self._estimated(step.tokens)
+            return (flops, "estimate", False) if flops is not None else (None, "", False)
         probe = self.probe
         if probe is None:
             return None, "", False
@@ -409,6 +402,14 @@ class EfficiencyTracker:
             self._requests[key] = requests + 1
             probe.arm(0)  # count this new shape on the next step that begins
         return flops, source, False
+
+    def _estimated(self, tokens: int | None) -> float | None:
+        """6 x trainable parameters x tokens (decoder-only transformers), None if unknown."""
+        if tokens is None:
+            return None
+        if self._params is None:
+            self._params = parameter_count(self.models)
+        return 6.0 * self._params * tokens if self._params else None
 
     def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, float]:
         """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest

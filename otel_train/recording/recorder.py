@@ -338,13 +338,11 @@ class Recorder:
             kinds: list[Any] = []
             stacks: list[Any] = []
             templates = self._templates
-            transition = self._transition_at
             i = 0
             try:
                 while i < n:
                     item = entries[i]
-                    kind = item[2]
-                    if kind.__class__ is tuple:
+                    if item[2].__class__ is tuple:  # an adapter boundary: a step may begin
                         stack = item[0]
                         if self._current is None and not stack and self.enabled:
                             if not kinds:
@@ -365,11 +363,7 @@ class Recorder:
                                     self.step_stack = stack
                                 i += k * tpl.m
                                 continue
-                        transition(stack, item[1], kind[0], kind[1], kind[2], kind[3])
-                        if kind[4] and (item[3] is not None or item[4] is not None):
-                            self._adapter_counts(item[3], item[4])
-                    else:
-                        self._apply(item, kind)
+                    self._replay(item)
                     i += 1
             except Exception:
                 log.clear()
@@ -469,25 +463,28 @@ class Recorder:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
         log = self._log
         popleft = log.popleft
-        transition = self._transition_at
+        replay = self._replay
         try:
             while log:
                 # Entries appended meanwhile wait for the next pass (or the next call).
                 count = len(log) if limit < 0 else min(limit, len(log))
                 for _ in range(count):
-                    item = popleft()
-                    kind = item[2]
-                    if kind.__class__ is tuple:  # an adapter boundary
-                        transition(item[0], item[1], kind[0], kind[1], kind[2], kind[3])
-                        if kind[4] and (item[3] is not None or item[4] is not None):
-                            self._adapter_counts(item[3], item[4])
-                    else:
-                        self._apply(item, kind)
+                    replay(popleft())
                 if limit >= 0:
                     return
         except Exception:
             log.clear()
             self._fail()
+
+    def _replay(self, item: tuple[Any, ...]) -> None:
+        """Apply one logged entry: ``(stack, t, kind, ...)``."""
+        kind = item[2]
+        if kind.__class__ is tuple:  # an adapter boundary
+            self._transition_at(item[0], item[1], kind[0], kind[1], kind[2], kind[3])
+            if kind[4] and (item[3] is not None or item[4] is not None):
+                self._adapter_counts(item[3], item[4])
+        else:
+            self._apply(item, kind)
 
     def _apply(self, item: tuple[Any, ...], kind: int) -> None:
         """A logged entry other than an adapter boundary: ``(stack, t, kind, ...)``, or

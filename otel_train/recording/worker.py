@@ -446,8 +446,7 @@ class Worker:
         try:
             return self.efficiency.observe_block(block, self.agg)
         except Exception:
-            self.efficiency = self.console.efficiency = None
-            _log.exception("otel-train: computing efficiency figures failed; they are disabled")
+            self._efficiency_failed()
             return True
 
     def _phase_series(self, name: str, device: bool) -> list[Any]:
@@ -476,8 +475,12 @@ class Worker:
             else:
                 self.efficiency.publish_goodput(self.agg)
         except Exception:
-            self.efficiency = self.console.efficiency = None
-            _log.exception("otel-train: computing efficiency figures failed; they are disabled")
+            self._efficiency_failed()
+
+    def _efficiency_failed(self) -> None:
+        """Called from an except block: the figures are disabled, the rest goes on."""
+        self.efficiency = self.console.efficiency = None
+        _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
     def _publish_throughput(self, step: ResolvedStep) -> None:
         """Samples and tokens per second over the last ``throughput_window`` steps.
