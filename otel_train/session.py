@@ -25,6 +25,7 @@ from .recording.efficiency import EfficiencyTracker, RegionLog
 from .recording.instruments import Publisher
 from .recording.recorder import Recorder
 from .recording.sampling import StepSampler
+from .recording.source import StepSource
 from .recording.spans import SpanEmitter
 from .recording.worker import Worker
 from .settings import ConfigError, Settings
@@ -88,7 +89,7 @@ class Session:
         )
         console.efficiency = self.efficiency
         self.worker = Worker(
-            self.recorder,
+            StepSource(self.recorder),
             self.aggregator,
             publisher,
             emitter,

@@ -1,10 +1,12 @@
-"""The background worker: resolves finished steps and feeds metrics, tables and spans.
+"""The worker: takes batches of finished steps from a source and feeds metrics, tables
+and spans.
 
 It wakes every ``poll_s`` and works every ``batch_s`` or once a quarter of the
-recorder's bounds waits (no per-step signalling from the training thread), takes
-finished steps off the recorder's deque in order, checks their CUDA events with the
-non-blocking ``query()`` and stops at the first step whose events have not
-completed. It never synchronises with the device. Its own CPU time per step is
+recorder's bounds waits (no per-step signalling from the training thread). Its source
+is a :class:`~.source.StepSource` (the recorder in this process: a thread of the
+training process, when the application passes its own providers) or the sidecar's
+receiving end (otel_train/sidecar/: a process of its own, when otel-train configures
+the SDK). It never synchronises with the device. Its own CPU time per step is
 published as ``otel_train.overhead``.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -22,16 +23,14 @@ from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .blocks import StepBlock
 from .console import ConsoleReporter
-from .device import DeviceClock
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .recorder import OpenStep, Recorder
-from .resolved import ResolvedStep, scalar_value
+from .resolved import ResolvedStep
 from .sampling import StepSampler
+from .source import Batch, Counters, StepSource
 from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
-_BY_SEQ = operator.itemgetter(0)
 # Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
 MAX_PHASE_SERIES = 256
 OTHER_PHASE = "_other"
@@ -44,7 +43,7 @@ A_PHASE, A_CLOCK, A_KIND, A_NAME, A_REASON = (
 class Worker:
     def __init__(
         self,
-        recorder: Recorder,
+        source: StepSource | Any,
         aggregator: MetricsAggregator,
         publisher: Publisher | None,
         emitter: SpanEmitter | None,
@@ -58,13 +57,13 @@ class Worker:
     ) -> None:
         self.efficiency = efficiency
         self._export_drops = export_drops
-        self.recorder = recorder
+        self.source = source  # source.StepSource here, or the sidecar's in its process
+        self.counters = Counters()
         self.agg = aggregator
         self.publisher = publisher
         self.emitter = emitter
         self.sampler = sampler
         self.console = console
-        self.clock = DeviceClock(recorder.events)
         self.poll_s = poll_s
         self.batch_s = batch_s
         self._throughput: collections.deque[tuple[int, int, int]] = collections.deque(
@@ -105,10 +104,10 @@ class Worker:
         # few (the worker's code and data are cold after the training thread ran), so it
         # processes every ``batch_s``, or sooner when the backlog grows.
         last = time.monotonic()
-        rec = self.recorder
+        source = self.source
         while not self._stop.wait(self.poll_s):
             now = time.monotonic()
-            if now - last >= self.batch_s or rec.backlog_due():
+            if now - last >= self.batch_s or source.backlog_due():
                 last = now
                 self.process()
 
@@ -119,7 +118,7 @@ class Worker:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         while True:
             self.process()
-            if not self.recorder.has_work() or time.monotonic() >= deadline or self.failed:
+            if not self.source.has_work() or time.monotonic() >= deadline or self.failed:
                 break
             time.sleep(0.005)
         if not self.failed:
@@ -135,11 +134,11 @@ class Worker:
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                parts = self._take_parts()
+                parts = self._take().parts
                 n = self._update_metrics(parts)
             except Exception:
                 self.failed = True
-                self.recorder.enabled = False
+                self.source.disable()
                 _log.exception("otel-train: internal error in the worker; telemetry disabled")
                 return 0
             try:
@@ -170,126 +169,48 @@ class Worker:
                     self.agg.set(c.OVERHEAD.name, (), per_step)
             return n
 
-    def _take_parts(self) -> list[list[ResolvedStep] | StepBlock]:
-        """Finished steps in order: lists of resolved steps, and blocks (blocks.py) of
-        recognised ones where every consumer can take their columns."""
-        parts: list[list[ResolvedStep] | StepBlock] = []
-        whole = self.sampler.takes_blocks()
-        for before, block in self.recorder.drain_blocks():
-            if before:
-                parts.append([self._resolve(s) for s in before])
-            block.columns()
-            parts.append(block if whole else block.steps())
-        tail = self._take_resolved()
-        if tail:
-            parts.append(tail)
-        return parts
-
-    def _take_resolved(self) -> list[ResolvedStep]:
-        pending = self.recorder.pending
-        out: list[ResolvedStep] = []
-        while pending:
-            step = pending[0]
-            if step.ev0 is not None and not _completed(step):
-                break
-            pending.popleft()
-            out.append(self._resolve(step))
-        self._resolve_loose_scalars()
-        return out
-
-    def _resolve(self, step: OpenStep) -> ResolvedStep:
-        rs = ResolvedStep(step.index, step.t0, step.t1)
-        rs.samples, rs.tokens = step.samples, step.tokens
-        phases = step.phases
-        phases.sort(key=_BY_SEQ)
-        self._resolve_scalars(step, rs)
-        if step.ev0 is None:  # host times only (the common CPU case): the phases are rows
-            rs.rows = phases
-            rs.error = step.error
-            return rs
-        timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
-        for p in phases:
-            if p[5] is not None:
-                timed.append((p[5], p[3]))
-                timed.append((p[6], p[4]))
-        placed = self.clock.place(timed)
-        rs.dev_start, rs.dev_end = placed[0], placed[1]
-        it = iter(placed[2:])
-        rows = rs.rows
-        for seq, parent, name, t0, t1, ev0, _ev1, memory, error, _host_s in phases:
-            if ev0 is None:
-                rows.append((seq, parent, name, t0, t1, None, None, memory, error,
-                             (t1 - t0) / 1e9 if t1 > t0 else 0.0))  # fmt: skip
-            else:
-                d0, d1 = next(it), next(it)
-                rows.append((seq, parent, name, t0, t1, d0, d1, memory, error,
-                             (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
-            if error is not None:
-                rs.error = True
-        rs.finish()
-        events = self.recorder.events
-        for ev, _ in timed:
-            if not self.clock.is_anchor(ev):
-                events.release(ev)
-        return rs
-
-    @staticmethod
-    def _resolve_scalars(step: OpenStep, rs: ResolvedStep) -> None:
-        if step.scalars:
-            rs.scalars = [(n, v) for n, raw in step.scalars if (v := scalar_value(raw)) is not None]
-
-    def _resolve_loose_scalars(self) -> None:
-        loose = self.recorder.loose_scalars
-        if not loose:
-            return
-        keep = []
-        values = []
-        while loose:
-            name, raw = loose.popleft()
-            if isinstance(raw, tuple) and not raw[1].query():
-                keep.append((name, raw))
-                continue
-            v = scalar_value(raw)
-            if v is not None:
-                values.append((name, v))
-        loose.extend(keep)
-        if values:
+    def _take(self) -> Batch:
+        """Finished steps in order (source.py); their loose scalars go out at once."""
+        batch = self.source.take(self.sampler.takes_blocks())
+        self.counters = batch.counters
+        if batch.scalars:
             with self.agg.lock:
-                for name, v in values:
+                for name, v in batch.scalars:
                     self.agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-            for name, v in values:
+            for name, v in batch.scalars:
                 self.console.last_scalars[name] = v
+        return batch
 
     def _update_metrics(self, parts: list[list[ResolvedStep] | StepBlock]) -> int:
         """Metrics of a batch's steps; returns how many steps it held. A block the
         efficiency tracker cannot take whole is replaced in ``parts`` by its steps."""
-        rec = self.recorder
+        counters = self.counters
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] = []
         host_series, dev_series = self._series[False], self._series[True]
         n = 0
         with agg.lock:
-            agg.set(c.PENDING_STEPS.name, (), float(rec.pending_count))
+            agg.set(c.PENDING_STEPS.name, (), float(counters.pending))
             dropped = agg.values.setdefault(c.DROPPED.name, {})
             for reason, count in (
-                ("queue_full", rec.dropped_steps),
-                ("late_phase", rec.dropped_phases),
-                ("scalar_names", rec.dropped_scalars),
+                ("queue_full", counters.dropped_steps),
+                ("late_phase", counters.dropped_phases),
+                ("scalar_names", counters.dropped_scalars),
                 *(self._export_drops().items() if self._export_drops is not None else ()),
             ):
                 if count:
                     dropped[((A_REASON, reason),)] = float(count)
             if self.emitter is not None:
                 agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
-            if rec.memory is not None and not self._device_total_set:
+            total_bytes = counters.memory_total or 0
+            if total_bytes and not self._device_total_set:
                 self._device_total_set = True
-                total = rec.memory.total_bytes
+                total = total_bytes
                 agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
                 self.console.device_total = total
                 if self.emitter is not None:
                     self.emitter.device_total = total
-            total_bytes = rec.memory.total_bytes if rec.memory is not None else 0
             if self.efficiency is not None:
                 self._observe_efficiency(None, "begin")  # regions first: they ended earlier
             # Per step, values are only collected; histograms take them once per batch
@@ -548,9 +469,3 @@ def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:
 
 def _mem_attrs(name: str, kind: str) -> tuple[tuple[str, str], ...]:
     return ((A_KIND, kind), (A_PHASE, name))
-
-
-def _completed(step: OpenStep) -> bool:
-    if not step.ev1.query():
-        return False
-    return all(p[6] is None or p[6].query() for p in step.phases)

@@ -1,0 +1,180 @@
+"""Tail latency of training steps: plain against otel-train, one process per run.
+
+Each process trains a 64-256-64 MLP (batch 32, SGD, one torch thread, about 0.3 ms a
+step), warms up for ``--warmup`` steps, then records the wall time of every one of
+``--steps`` steps (from the batch fetch to the end of ``optimizer.step()``) and every
+generation-2 garbage collection (``gc.callbacks``). Variants run interleaved, one fresh
+process each, ``--rounds`` times:
+
+- ``plain``: no telemetry;
+- ``default``: ``otel_train.instrument()`` at defaults with no endpoint (console tables
+  to a discarded stderr, ``/metrics`` on a free port);
+- ``otlp``: the same, exporting OTLP/HTTP to the Collector of ``scripts/stack``;
+- ``otlp-all``: ``otlp`` with ``trace_steps="all"``.
+
+It prints p50, p99, p99.9 and the worst step of each variant with its ratio to the
+same round's plain run, and the generation-2 collections beside plain's. The OTLP
+variants need the stack (``scripts/stack up``); ``--endpoint`` points elsewhere, and
+they are skipped with a note when nothing listens there. Nothing here asserts: the
+targets are read off the figures.
+
+Usage: python benchmarks/tail.py [--rounds 2] [--steps 10000] [--warmup 500]
+       [--variants plain,default,otlp,otlp-all] [--endpoint http://127.0.0.1:4318]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+VARIANTS = ("plain", "default", "otlp", "otlp-all")
+QUANTILES = (("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999))
+
+
+def _env(variant: str, endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTEL_TRAIN_"))}
+    env["OTEL_EXPORTER_PROMETHEUS_PORT"] = "0"  # never clash with a running job or stack
+    if variant.startswith("otlp"):
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        env["OTEL_SERVICE_NAME"] = f"tail-{variant}"
+    if variant == "otlp-all":
+        env["OTEL_TRAIN_TRACE_STEPS"] = "all"
+    return env
+
+
+def one(variant: str, steps: int, warmup: int) -> dict[str, Any]:
+    """One process's run: every step's duration (ns) and its generation-2 collections."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randn(4096, 64))
+    loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True, drop_last=True)
+    if variant != "plain":
+        import otel_train
+
+        otel_train.instrument(model, optimizer=opt, dataloader=loader)
+    gen2: list[int] = []
+    pc = time.perf_counter_ns
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            gen2.append(pc())
+
+    gc.callbacks.append(on_gc)
+    durations = [0] * steps
+    loss_fn = torch.nn.functional.mse_loss
+    done = -warmup
+    t_start = 0
+    while done < steps:
+        for x, y in loader:  # an epoch's end is inside the timing, as in training
+            t0 = pc()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            t1 = pc()
+            if done >= 0:
+                if done == 0:
+                    t_start = t0
+                durations[done] = t1 - t0
+            done += 1
+            if done >= steps:
+                break
+    t_end = pc()
+    gc.callbacks.remove(on_gc)
+    return {
+        "durations": durations,
+        "gen2": sum(1 for t in gen2 if t >= t_start),
+        "run_s": (t_end - t_start) / 1e9,
+    }
+
+
+def _listening(endpoint: str) -> bool:
+    parts = urlsplit(endpoint)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4318), 1):
+            return True
+    except OSError:
+        return False
+
+
+def _quantile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
+
+
+def _figures(run: dict[str, Any]) -> dict[str, float]:
+    durations = run["durations"]
+    figures = {name: _quantile(durations, q) for name, q in QUANTILES}
+    figures["max"] = max(durations) / 1e3
+    figures["gen2"] = run["gen2"]
+    return figures
+
+
+def _spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", variant, "--steps", str(args.steps),
+         "--warmup", str(args.warmup)],
+        check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=_env(variant, args.endpoint),
+    )  # fmt: skip
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--endpoint", default="http://127.0.0.1:4318")
+    ap.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.steps, args.warmup)))
+        return
+    wanted = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(wanted) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; accepted: {', '.join(VARIANTS)}")
+    if any(v.startswith("otlp") for v in wanted) and not _listening(args.endpoint):
+        print(f"nothing listens at {args.endpoint} (scripts/stack up): OTLP variants skipped")
+        wanted = [v for v in wanted if not v.startswith("otlp")]
+    variants = ["plain", *[v for v in wanted if v != "plain"]]
+    print(f"{args.rounds} rounds, one process per variant, {args.steps} timed steps each "
+          f"after {args.warmup} warm-up (us; ratio to the same round's plain)")  # fmt: skip
+    header = f"{'round':<6}{'variant':<10}" + "".join(
+        f"{name:>18}" for name in ("p50", "p99", "p99.9", "max")
+    )
+    print(header + f"{'gen-2 GCs':>11}{'run s':>8}")
+    for r in range(args.rounds):
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
+        runs = {v: _spawn(v, args) for v in order}
+        base = _figures(runs["plain"])
+        for variant in variants:
+            fig = _figures(runs[variant])
+            cells = ""
+            for name in ("p50", "p99", "p99.9"):
+                cells += f"{fig[name]:>10.1f} {fig[name] / base[name]:>5.2f}x "
+            extra = fig["max"] - base["max"]
+            cells += f"{fig['max']:>10.1f} {extra / 1e3:>+5.1f}ms"
+            print(f"{r + 1:<6}{variant:<10}{cells}{fig['gen2']:>11}"
+                  f"{runs[variant]['run_s']:>8.2f}")  # fmt: skip
+        sys.stdout.flush()
+    print("targets: p99 <= 1.05x, p99.9 <= 1.10x, max <= plain's + 1 ms, "
+          "gen-2 GCs <= plain's")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Finished steps taken off the recorder: the part of the worker that stays in the
+training process.
+
+CUDA events are per process, so resolving them (a non-blocking ``query()``, then
+placing the events on the host clock) happens here, next to the recorder. What comes
+out is a :class:`Batch` of plain data: lists of resolved steps, blocks of recognised
+steps (recording/blocks.py), loose scalar values and the recorder's counters. The
+worker reads batches from a source: this one, in the same process, or the sidecar's
+copy of it in another process (otel_train/sidecar/).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .blocks import StepBlock
+from .device import DeviceClock
+from .recorder import OpenStep, Recorder
+from .resolved import ResolvedStep, scalar_value
+
+_BY_SEQ = operator.itemgetter(0)
+
+Part = list[ResolvedStep] | StepBlock
+
+
+@dataclass(slots=True)
+class Counters:
+    """The recorder's state that metrics report, read when a batch is taken."""
+
+    pending: int = 0
+    dropped_steps: int = 0
+    dropped_phases: int = 0
+    dropped_scalars: int = 0
+    memory_total: int | None = None
+
+
+@dataclass(slots=True)
+class Batch:
+    """Steps finished since the last batch, in order, with what goes beside them."""
+
+    parts: list[Part] = field(default_factory=list)
+    scalars: list[tuple[str, float]] = field(default_factory=list)  # recorded outside steps
+    counters: Counters = field(default_factory=Counters)
+
+
+class StepSource:
+    """Takes finished steps off a :class:`Recorder` (any thread; the recorder locks)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.clock = DeviceClock(recorder.events)
+
+    def take(self, whole_blocks: bool = True) -> Batch:
+        """Every step whose events have completed; ``whole_blocks``: blocks stay blocks
+        (else each becomes its list of resolved steps)."""
+        rec = self.recorder
+        batch = Batch()
+        parts = batch.parts
+        for before, block in rec.drain_blocks():
+            if before:
+                parts.append([self._resolve(s) for s in before])
+            block.columns()
+            parts.append(block if whole_blocks else block.steps())
+        tail = self._take_resolved()
+        if tail:
+            parts.append(tail)
+        batch.scalars = self._loose_scalars()
+        mem = rec.memory
+        batch.counters = Counters(
+            rec.pending_count,
+            rec.dropped_steps,
+            rec.dropped_phases,
+            rec.dropped_scalars,
+            mem.total_bytes if mem is not None else None,
+        )
+        return batch
+
+    def has_work(self) -> bool:
+        return self.recorder.has_work()
+
+    def backlog_due(self) -> bool:
+        return self.recorder.backlog_due()
+
+    def disable(self) -> None:
+        self.recorder.enabled = False
+
+    def _take_resolved(self) -> list[ResolvedStep]:
+        pending = self.recorder.pending
+        out: list[ResolvedStep] = []
+        while pending:
+            step = pending[0]
+            if step.ev0 is not None and not _completed(step):
+                break
+            pending.popleft()
+            out.append(self._resolve(step))
+        return out
+
+    def _resolve(self, step: OpenStep) -> ResolvedStep:
+        rs = ResolvedStep(step.index, step.t0, step.t1)
+        rs.samples, rs.tokens = step.samples, step.tokens
+        phases = step.phases
+        phases.sort(key=_BY_SEQ)
+        if step.scalars:
+            rs.scalars = [(n, v) for n, raw in step.scalars if (v := scalar_value(raw)) is not None]
+        if step.ev0 is None:  # host times only (the common CPU case): the phases are rows
+            rs.rows = phases
+            rs.error = step.error
+            return rs
+        timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
+        for p in phases:
+            if p[5] is not None:
+                timed.append((p[5], p[3]))
+                timed.append((p[6], p[4]))
+        placed = self.clock.place(timed)
+        rs.dev_start, rs.dev_end = placed[0], placed[1]
+        it = iter(placed[2:])
+        rows = rs.rows
+        for seq, parent, name, t0, t1, ev0, _ev1, memory, error, _host_s in phases:
+            if ev0 is None:
+                rows.append((seq, parent, name, t0, t1, None, None, memory, error,
+                             (t1 - t0) / 1e9 if t1 > t0 else 0.0))  # fmt: skip
+            else:
+                d0, d1 = next(it), next(it)
+                rows.append((seq, parent, name, t0, t1, d0, d1, memory, error,
+                             (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
+            if error is not None:
+                rs.error = True
+        rs.finish()
+        events = self.recorder.events
+        for ev, _ in timed:
+            if not self.clock.is_anchor(ev):
+                events.release(ev)
+        return rs
+
+    def _loose_scalars(self) -> list[tuple[str, float]]:
+        """Scalars recorded outside any step whose values are known (device copies done)."""
+        loose = self.recorder.loose_scalars
+        if not loose:
+            return []
+        keep = []
+        values = []
+        while loose:
+            name, raw = loose.popleft()
+            if isinstance(raw, tuple) and not raw[1].query():
+                keep.append((name, raw))
+                continue
+            v = scalar_value(raw)
+            if v is not None:
+                values.append((name, v))
+        loose.extend(keep)
+        return values
+
+
+def _completed(step: OpenStep) -> bool:
+    if not step.ev1.query():
+        return False
+    return all(p[6] is None or p[6].query() for p in step.phases)
