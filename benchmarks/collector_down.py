@@ -1,8 +1,9 @@
 """Memory and shutdown time of a run whose Collector is down the whole time.
 
 Trains a small model (forward, backward, SGD as phases, every step traced) with OTLP
-pointed at a loopback port where nothing listens. Prints the process RSS after a
-warm-up and after many thousand more steps, otel-train's drop counts, and how long
+pointed at a loopback port where nothing listens. Prints the RSS (the training
+process's plus its sidecar's) after a warm-up and after many thousand more steps,
+otel-train's drop counts, and how long
 ``shutdown()`` took against its ``shutdown_timeout``, as one JSON line.
 
 Usage: python benchmarks/collector_down.py [--warmup 2000] [--steps 20000] [--timeout 5]
@@ -19,8 +20,8 @@ import time
 import torch
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -65,14 +66,23 @@ def main() -> None:
             otel_train.record(loss=loss.detach())
 
     t0 = time.perf_counter()
+
+    def rss() -> int:
+        """This process's RSS plus the sidecar's (where the span queue lives), if any."""
+        total = rss_bytes()
+        if session.feeder is not None:
+            otel_train.flush(2.0)
+            total += int(session.feeder.stats.get("rss_bytes", 0))
+        return total
+
     run(args.warmup)
     time.sleep(1.0)  # let the worker and exporters settle into the outage
-    rss0 = rss_bytes()
+    rss0 = rss()
     run(args.steps)
     time.sleep(1.0)
-    rss1 = rss_bytes()
+    rss1 = rss()
     elapsed = time.perf_counter() - t0
-    drops = session.telemetry.health.counts() if session.telemetry.health else {}
+    drops = session.export_drops()
     drops["queue_full"] = session.recorder.dropped_steps
     t1 = time.monotonic()
     ok = otel_train.shutdown()

@@ -50,7 +50,7 @@ def _env(variant: str, endpoint: str) -> dict[str, str]:
     return env
 
 
-def one(variant: str, steps: int, warmup: int) -> dict[str, Any]:
+def one(variant: str, steps: int, warmup: int, warmup_s: float) -> dict[str, Any]:
     """One process's run: every step's duration (ns) and its generation-2 collections."""
     import torch
 
@@ -76,9 +76,12 @@ def one(variant: str, steps: int, warmup: int) -> dict[str, Any]:
     loss_fn = torch.nn.functional.mse_loss
     done = -warmup
     t_start = 0
+    warm_until = pc() + int(warmup_s * 1e9)
     while done < steps:
         for x, y in loader:  # an epoch's end is inside the timing, as in training
             t0 = pc()
+            if done == -1 and t0 < warm_until:
+                done = -2  # warm up for warmup_s too (the sidecar starts meanwhile)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -125,7 +128,7 @@ def _figures(run: dict[str, Any]) -> dict[str, float]:
 def _spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--one", variant, "--steps", str(args.steps),
-         "--warmup", str(args.warmup)],
+         "--warmup", str(args.warmup), "--warmup-seconds", str(args.warmup_seconds)],
         check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=_env(variant, args.endpoint),
     )  # fmt: skip
@@ -137,12 +140,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--warmup-seconds", type=float, default=5.0)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--endpoint", default="http://127.0.0.1:4318")
     ap.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.steps, args.warmup)))
+        print(json.dumps(one(args.one, args.steps, args.warmup, args.warmup_seconds)))
         return
     wanted = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(wanted) - set(VARIANTS))
@@ -153,7 +157,8 @@ def main() -> None:
         wanted = [v for v in wanted if not v.startswith("otlp")]
     variants = ["plain", *[v for v in wanted if v != "plain"]]
     print(f"{args.rounds} rounds, one process per variant, {args.steps} timed steps each "
-          f"after {args.warmup} warm-up (us; ratio to the same round's plain)")  # fmt: skip
+          f"after {args.warmup} warm-up steps and at least {args.warmup_seconds} s "
+          "(us; ratio to the same round's plain)")  # fmt: skip
     header = f"{'round':<6}{'variant':<10}" + "".join(
         f"{name:>18}" for name in ("p50", "p99", "p99.9", "max")
     )

@@ -13,6 +13,20 @@ Usage::
         with otel_train.phase("rollout"):
             ...
     otel_train.record(loss=loss, reward=reward)
+
+Layers: each part imports only what its arrow names, plus the foundation (identity,
+contract, settings); tests/unit/test_layering.py holds the same table and finds cycles::
+
+    otel_train (this API) ─► session, adapters, recording
+    cli ─► otel_train            testing ─► export
+    session ─► sidecar, wiring, export, recording, debug, signals
+    sidecar ─► wiring, export, recording (started by session alone)
+    wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)
+    adapters ─► recording        (modules: base.py and backward.py, never each other)
+    export ─► recording          (the SDK side, reading the core's aggregates)
+    recording ─► debug           (the core: no adapters, export or sidecar)
+    debug ─► identity only       (loads without the rest of otel-train)
+    signals ─► the foundation; contract, settings ─► each other, identity ─► nothing
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ __all__ = [
     "__version__",
     "configure",
     "contract",
+    "flush",
     "instrument",
     "phase",
     "record",
@@ -91,7 +106,7 @@ def instrument(
         inst.uninstrument()
         raise
     sess.instrumentations[id(target)] = inst
-    sess.efficiency.note_model(target)
+    sess.note_model(target)
     return inst
 
 
@@ -138,6 +153,17 @@ def region(kind: str) -> Any:
     if current is None or current.closed:
         current = session.get_or_create()
     return current.regions.region(kind)
+
+
+def flush(timeout: float = 5.0) -> bool:
+    """Make every finished step visible to the providers now: metrics current, spans
+    exported (to the sidecar's exporters, or to the providers you passed). Bounded by
+    ``timeout`` seconds; True when all of it was done in time. Training goes on meanwhile
+    on other threads; the calling thread waits."""
+    current = session.current()
+    if current is None or session.forked_child:
+        return True
+    return current.flush(timeout)
 
 
 def record(**scalars: Any) -> None:

@@ -95,7 +95,7 @@ def demo(args: argparse.Namespace) -> int:
     if sess is not None and sess.prometheus_address:
         host, port = sess.prometheus_address
         where.append(f"/metrics on http://{host}:{port}/metrics")
-    if sess is not None and sess.telemetry.tracer_provider is not None:
+    if sess is not None and sess.exports_traces:
         where.append("OTLP export on")
     print(
         f"otel-train demo: {args.steps} steps on {device}; " + ("; ".join(where) or "no exporters"),

@@ -336,7 +336,9 @@ METRIC_ATTRIBUTES = {
     A_NAME: "User scalar name as given to otel_train.record().",
     A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
     "ended after its step had ended, or ran on another thread while no step was open), "
-    "scalar_names (user scalars with a new name past the 256-name cap), export (spans whose "
+    "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
+    "training process could not hand to its sidecar process: pipe and buffer full, or the "
+    "sidecar gone), export (spans whose "
     "OTLP export failed), span_queue (spans dropped because the export queue was full) or "
     "metric_export (metric data points whose OTLP export failed).",
     A_DTYPE: "Matmul dtype the peak is for: fp32, tf32, bf16, fp16 or fp8.",

@@ -12,30 +12,31 @@ import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
 
-from . import contract as c
-from .export.resource import rank
-from .export.setup import Telemetry, build_telemetry
-from .recording.aggregate import MetricsAggregator
-from .recording.console import ConsoleReporter
+from .export.resource import metrics_port, rank
+from .export.setup import (
+    Telemetry,
+    bind_metrics_socket,
+    build_telemetry,
+    builds_own,
+    check_exporters,
+    exports_traces,
+)
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
 from .recording.efficiency import EfficiencyTracker, RegionLog
-from .recording.instruments import Publisher
 from .recording.recorder import Recorder
-from .recording.sampling import StepSampler
 from .recording.source import StepSource
-from .recording.spans import SpanEmitter
 from .recording.worker import Worker
 from .settings import ConfigError, Settings
+from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
+from .wiring import build_consumer
 
 if TYPE_CHECKING:
     from .adapters.base import Instrumentation
 
 __version__ = "0.1.0"
-_PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
 _log = logging.getLogger("otel_train")
 
 
@@ -50,65 +51,84 @@ class Session:
         self.given_providers = (tracer_provider, meter_provider)
         self.recorder = Recorder(settings)
         self.recorder.debug = debug = build_debug_hooks(settings)
-        self.telemetry: Telemetry = build_telemetry(
-            settings, tracer_provider, meter_provider, __version__
-        )
-        t = self.telemetry
-        self.aggregator = MetricsAggregator()
-        publisher: Publisher | None = None
-        if t.meter_provider is not None:
-            if t.bridge is not None:
-                t.bridge.aggregator = self.aggregator
-            meter = t.meter_provider.get_meter(c.SCOPE_NAME, __version__)
-            publisher = Publisher(meter, self.aggregator, histograms_via_api=t.bridge is None)
-            # Instruments cannot be removed from a provider: a finished session's keep
-            # reporting their final values until a new session on that provider starts.
-            previous = _PUBLISHERS.get(t.meter_provider)
-            if previous is not None:
-                previous.closed = True
-            _PUBLISHERS[t.meter_provider] = publisher
-        self.publisher = publisher
-        emitter = None
-        if t.tracer_provider is not None and settings.trace_steps != "none":
-            tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, __version__)
-            emitter = SpanEmitter(tracer, rank(), now_offset_ns())
-            if debug is not None:
-                emitter.step_events = debug.step_events
-        sampler = StepSampler(
-            settings.trace_steps,
-            settings.trace_window,
-            settings.trace_window_seconds,
-            settings.trace_slowest,
-        )
-        if debug is not None:
-            sampler.always = debug.wants_trace
-        console = ConsoleReporter(settings.console_every, settings.console)
         self.regions = RegionLog()
         self.efficiency = EfficiencyTracker(
             settings, self.recorder, self.regions, settings.throughput_window
         )
-        console.efficiency = self.efficiency
-        self.worker = Worker(
-            StepSource(self.recorder),
-            self.aggregator,
-            publisher,
-            emitter,
-            sampler,
-            console,
-            settings.throughput_window,
-            export_drops=t.health.counts if t.health is not None else None,
-            efficiency=self.efficiency,
-        )
+        source = StepSource(self.recorder)
+        self.feeder: Feeder | None = None
+        self.worker: Worker | None = None
+        self.telemetry: Telemetry | None = None
+        self._prometheus_address: tuple[str, int] | None = None
+        if (
+            settings.sidecar == "auto"
+            and debug is None
+            and builds_own(tracer_provider, meter_provider)
+        ):
+            try:
+                self._start_sidecar(settings, source)
+            except SidecarUnavailable as err:
+                _log.warning(
+                    "otel-train: the sidecar process could not start (%s); its work runs on "
+                    "a thread of this process instead",
+                    err,
+                )
+                self.feeder = None
+                self.recorder.handover = None
+        if self.feeder is None:
+            self.telemetry = build_telemetry(settings, tracer_provider, meter_provider, __version__)
+            consumer = build_consumer(
+                settings,
+                self.telemetry,
+                source,
+                self.efficiency,
+                __version__,
+                rank(),
+                now_offset_ns(),
+                debug,
+            )
+            self.aggregator = consumer.aggregator
+            self.publisher = consumer.publisher
+            self.worker = consumer.worker
+            self._prometheus_address = self.telemetry.prometheus_address
         self.instrumentations: dict[int, Instrumentation] = {}
         self.closed = False
-        self.worker.start()
+        if self.worker is not None:
+            self.worker.start()
         self.sigterm = SigtermFlush(shutdown) if settings.flush_on_sigterm else None
         if self.sigterm is not None:
             self.sigterm.install()
 
+    def _start_sidecar(self, settings: Settings, source: StepSource) -> None:
+        check_exporters(settings)  # a bad exporter setting fails here, not in the sidecar
+        port = metrics_port(settings) if settings.prometheus else None
+        sock = None
+        if port is not None:
+            sock = bind_metrics_socket(settings.prometheus_host, port, settings.prometheus_ranks)
+            self._prometheus_address = sock.getsockname()[:2]
+        self.feeder = Feeder(
+            source, self.efficiency, self.regions, settings, __version__, now_offset_ns(), sock
+        )
+        # What the sidecar builds, as seen from here (its providers live there).
+        self.telemetry = Telemetry(None, None, None, owned=True)
+        self.recorder.on_backlog(self.feeder.pump, PUMP_ENTRIES, PUMP_STEPS)
+
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
-        return self.telemetry.prometheus_address
+        return self._prometheus_address
+
+    @property
+    def exports_traces(self) -> bool:
+        """Whether steps leave as spans (a tracer provider, or the sidecar's OTLP)."""
+        if self.feeder is not None:
+            return exports_traces(self.settings)
+        return self.telemetry is not None and self.telemetry.tracer_provider is not None
+
+    def note_model(self, target: Any) -> None:
+        """A model instrument() saw (the FLOP estimate and peak dtype need it)."""
+        self.efficiency.note_model(target)
+        if self.feeder is not None:
+            self.feeder.note_model()
 
     def matches(self, settings: Settings | None, tracer_provider: Any, meter_provider: Any) -> bool:
         """Whether a later configure()/instrument() asks for this same session."""
@@ -117,6 +137,31 @@ class Session:
             (tracer_provider is None or tracer_provider is given[0])
             and (meter_provider is None or meter_provider is given[1])
         )
+
+    def flush(self, timeout_s: float) -> bool:
+        """Every step finished so far reaches the providers: metrics current, spans
+        exported (bounded by ``timeout_s``); True if all of it was done in time."""
+        if self.closed:
+            return True
+        if self.feeder is not None:
+            return self.feeder.flush(timeout_s)
+        assert self.worker is not None and self.telemetry is not None
+        deadline = time.monotonic() + timeout_s
+        self.worker.process()
+        ok = True
+        for provider in (self.telemetry.tracer_provider, self.telemetry.meter_provider):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                ok = left_ms > 0 and flush(left_ms) is not False and ok
+        return ok
+
+    def export_drops(self) -> dict[str, int]:
+        """What the exporters dropped so far, by reason (the sidecar's, after a flush)."""
+        if self.feeder is not None:
+            return dict(self.feeder.stats.get("export_drops", {}))
+        health = self.telemetry.health if self.telemetry is not None else None
+        return health.counts() if health is not None else {}
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Uninstrument everything, drain, print the summary, flush exports; bounded."""
@@ -136,6 +181,11 @@ class Session:
             self.efficiency.probe.abort()  # a count still running (a step never ended)
         if rec.debug is not None:
             rec.debug.close()  # a profiler window cut short still writes its trace
+        if self.feeder is not None:  # the sidecar drains, prints the summary and flushes
+            in_time = self.feeder.close(deadline, time.monotonic() + budget / 2)
+            rec.enabled = False
+            return in_time
+        assert self.worker is not None and self.telemetry is not None
         # Half the budget for resolving and emitting, the rest for the exporters.
         self.worker.stop(time.monotonic() + budget / 2)
         rec.enabled = False
@@ -195,6 +245,8 @@ def _after_fork_in_child() -> None:
     if session is not None:
         session.recorder.enabled = False
         session.closed = True
+        if session.feeder is not None:
+            session.feeder.forget()  # the parent's pipe: this child never writes to it
         _current = None
 
 

@@ -312,6 +312,16 @@ class Settings:
             "doc": "Seconds shutdown() may take, flush included, even with the collector down.",
         },
     )
+    sidecar: str = field(
+        default="auto",
+        metadata={
+            "parse": _choice("auto", "off"),
+            "doc": "Where metrics, tables, spans and exports are computed: auto (a sidecar "
+            "process beside each training process when otel-train configures the SDK, so "
+            "the training thread never waits for them; a thread when you pass providers "
+            "or turn on profile_steps / memory_snapshot), off (always a thread).",
+        },
+    )
     flush_on_sigterm: bool = field(
         default=True,
         metadata={

@@ -32,6 +32,24 @@ _HF = ("transformers",)
 _LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
 
 
+def _kind(target: Any, phases: Any) -> str:
+    """The one framework detection: the kind of adapter ``target`` gets.
+
+    "methods" with ``phases=``; else "hf" or "lightning" for those Trainers, "torchtitan"
+    for that shape, and "torch-loop" for anything else (``select`` then checks it is a
+    torch.nn.Module). Framework packages are never imported here.
+    """
+    if phases is not None:
+        return "methods"
+    if _is_trainer_of(target, _HF):
+        return "hf"
+    if _is_trainer_of(target, _LIGHTNING):
+        return "lightning"
+    from . import torchtitan
+
+    return "torchtitan" if torchtitan.matches(target) else "torch-loop"
+
+
 def select(
     target: Any,
     *,
@@ -58,19 +76,20 @@ def select(
             raise TypeError("otel_train.instrument(): step= needs phases= as well")
         checked = methods.validate(target, phases, step)
         return lambda inst: methods.attach(inst, target, checked, step)
-    if _is_trainer_of(target, _HF):
+    kind = _kind(target, phases)
+    if kind == "hf":
         from . import hf
 
         hf.validate(target, optimizer, dataloader)
         return lambda inst: hf.attach(inst, target, count_batch)
-    if _is_trainer_of(target, _LIGHTNING):
+    if kind == "lightning":
         from . import lightning
 
         lightning.validate(target, optimizer, dataloader)
         return lambda inst: lightning.attach(inst, target, count_batch)
-    from . import torchtitan
+    if kind == "torchtitan":
+        from . import torchtitan
 
-    if torchtitan.matches(target):
         torchtitan.validate(target, optimizer, dataloader)
         return lambda inst: torchtitan.attach(inst, target, count_batch)
     import torch
@@ -87,15 +106,8 @@ def select(
 
 
 def kind_of(target: Any, phases: Any) -> str:
-    if phases is not None:
-        return "methods"
-    if _is_trainer_of(target, _HF):
-        return "hf"
-    if _is_trainer_of(target, _LIGHTNING):
-        return "lightning"
-    from . import torchtitan
-
-    return "torchtitan" if torchtitan.matches(target) else "torch-loop"
+    """The kind of adapter ``target`` gets (the Instrumentation's ``kind``)."""
+    return _kind(target, phases)
 
 
 __all__ = ["SUPPORTED", "Instrumentation", "kind_of", "select"]

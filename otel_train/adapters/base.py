@@ -1,4 +1,5 @@
-"""The handle ``instrument()`` returns, and the patching helpers every adapter uses.
+"""The handle ``instrument()`` returns, and the patching helpers every adapter uses
+(among them the method-map timing of ``methods.py``, which torchtitan's builds on).
 
 Every change an adapter makes is registered with an undo function; ``uninstrument()``
 runs them in reverse order, exactly once, and leaves the target as it was.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -203,3 +205,85 @@ def close_phases(rec: Recorder, names: tuple[str, ...], err: BaseException | Non
         if not top or top[0] not in names:
             return
         rec.exit(et, err)
+
+
+def wrap_call(method: Any, enter: Any, exit_: Any) -> Any:
+    """``method`` with ``enter()`` before each call and ``exit_(et, err)`` after it (async
+    methods stay async)."""
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            enter()
+            try:
+                result = await method(*args, **kwargs)
+            except BaseException as err:
+                exit_(type(err), err)
+                raise
+            exit_(None, None)
+            return result
+
+        return async_wrapper
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        enter()
+        try:
+            result = method(*args, **kwargs)
+        except BaseException as err:
+            exit_(type(err), err)
+            raise
+        exit_(None, None)
+        return result
+
+    return wrapper
+
+
+def time_methods(
+    inst: Instrumentation, target: Any, phases: dict[str, tuple[str, ...]], step: str | None
+) -> None:
+    """Wrap each method named in ``phases`` in its phase and ``step`` (if any) in a step.
+
+    The wrappers live in ``target``'s instance dict (undone with ``inst``); they time
+    only while ``inst`` is active and never raise into the wrapped method's caller.
+    """
+    rec: Recorder = inst.session.recorder
+    for phase, names in phases.items():
+        for name in names:
+            method = getattr(target, name)
+            # guarded: an error in telemetry never reaches the wrapped method's caller
+            enter = guarded(inst, functools.partial(_enter_if_active, inst, rec, phase))
+            exit_ = guarded(inst, functools.partial(_exit_if_active, inst, rec, phase))
+            patch_attribute(inst, target, name, wrap_call(method, enter, exit_))
+    if step is not None:
+        method = getattr(target, step)
+        patch_attribute(
+            inst,
+            target,
+            step,
+            wrap_call(
+                method,
+                guarded(inst, functools.partial(_begin_if_active, inst, rec)),
+                guarded(inst, functools.partial(_end_if_active, inst, rec)),
+            ),
+        )
+
+
+def _enter_if_active(inst: Instrumentation, rec: Recorder, phase: str) -> None:
+    if inst.active:
+        rec.enter(phase)
+
+
+def _exit_if_active(inst: Instrumentation, rec: Recorder, phase: str, et: Any, err: Any) -> None:
+    if inst.active:
+        rec.exit(et, err, phase)
+
+
+def _begin_if_active(inst: Instrumentation, rec: Recorder) -> None:
+    if inst.active:
+        rec.step_begin()
+
+
+def _end_if_active(inst: Instrumentation, rec: Recorder, et: Any, err: Any) -> None:
+    if inst.active:
+        rec.step_end()

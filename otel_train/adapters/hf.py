@@ -34,8 +34,9 @@ What ``instrument()`` changes, all undone by ``uninstrument()``: one callback in
 ``trainer.callback_handler``, a forward pre-hook on ``trainer.model``, instance
 attributes ``get_batch_samples``, ``training_step``, ``evaluate`` and ``_save_checkpoint``
 wrapping the class's methods,
-and the process-wide wrapper around ``torch.autograd.backward`` shared with the
-plain-loop adapter. ``transformers`` is imported only when a Trainer is instrumented.
+and the process-wide wrapper around ``torch.autograd.backward`` (``backward.py``)
+shared with the plain-loop and torchtitan adapters. ``transformers`` is imported only
+when a Trainer is instrumented.
 
 Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
 """
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder
-from . import torch_loop
+from .backward import hold_backward
 from .base import (
     Instrumentation,
     close_phases,
@@ -100,7 +101,7 @@ class HFTrainerAdapter:
         counter: Callable[[Any], tuple[int | None, int | None]] | None,
     ) -> None:
         self.inst = inst
-        self.rec: Recorder = inst.session.recorder  # read by torch_loop's backward timing
+        self.rec: Recorder = inst.session.recorder  # read by the backward wrapper
         self.trainer = trainer
         self.counter = counter or count_batch
         self.active = True
@@ -281,7 +282,7 @@ def attach(
         _wrap(inst, trainer.training_step, adapter.before_microstep, adapter.after_microstep,
               in_step),
     )  # fmt: skip
-    inst.on_undo(torch_loop.hold_backward(adapter))
+    inst.on_undo(hold_backward(adapter))
     # Goodput: evaluation and checkpoint saving, between optimizer steps.
     mark_region(inst, trainer, "evaluate", "evaluation")
     mark_region(inst, trainer, "_save_checkpoint", "checkpoint")

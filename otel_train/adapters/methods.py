@@ -12,14 +12,11 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..recording.recorder import Recorder
 from ..settings import ConfigError
-from .base import Instrumentation, guarded, patch_attribute
+from .base import Instrumentation, time_methods
 
 
 def validate(target: Any, phases: Any, step: Any) -> dict[str, tuple[str, ...]]:
@@ -74,76 +71,7 @@ def _check_method(target: Any, name: Any, where: str) -> None:
         )
 
 
-def _wrap(method: Any, enter: Any, exit_: Any) -> Any:
-    if inspect.iscoroutinefunction(method):
-
-        @functools.wraps(method)
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            enter()
-            try:
-                result = await method(*args, **kwargs)
-            except BaseException as err:
-                exit_(type(err), err)
-                raise
-            exit_(None, None)
-            return result
-
-        return async_wrapper
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        enter()
-        try:
-            result = method(*args, **kwargs)
-        except BaseException as err:
-            exit_(type(err), err)
-            raise
-        exit_(None, None)
-        return result
-
-    return wrapper
-
-
 def attach(
     inst: Instrumentation, target: Any, phases: dict[str, tuple[str, ...]], step: str | None
 ) -> None:
-    rec: Recorder = inst.session.recorder
-    for phase, names in phases.items():
-        for name in names:
-            method = getattr(target, name)
-            # guarded: an error in telemetry never reaches the wrapped method's caller
-            enter = guarded(inst, functools.partial(_enter_if_active, inst, rec, phase))
-            exit_ = guarded(inst, functools.partial(_exit_if_active, inst, rec, phase))
-            patch_attribute(inst, target, name, _wrap(method, enter, exit_))
-    if step is not None:
-        method = getattr(target, step)
-        patch_attribute(
-            inst,
-            target,
-            step,
-            _wrap(
-                method,
-                guarded(inst, functools.partial(_begin_if_active, inst, rec)),
-                guarded(inst, functools.partial(_end_if_active, inst, rec)),
-            ),
-        )
-
-
-def _enter_if_active(inst: Instrumentation, rec: Recorder, phase: str) -> None:
-    if inst.active:
-        rec.enter(phase)
-
-
-def _exit_if_active(inst: Instrumentation, rec: Recorder, phase: str, et: Any, err: Any) -> None:
-    if inst.active:
-        rec.exit(et, err, phase)
-
-
-def _begin_if_active(inst: Instrumentation, rec: Recorder) -> None:
-    if inst.active:
-        rec.step_begin()
-
-
-def _end_if_active(inst: Instrumentation, rec: Recorder, et: Any, err: Any) -> None:
-    if inst.active:
-        rec.step_end()
+    time_methods(inst, target, phases, step)

@@ -7,7 +7,7 @@ Phases and where they are observed:
   the instance's ``forward`` is wrapped while instrumented) until backward starts, so
   the loss computation belongs to forward.
 - ``backward``: around ``torch.autograd.backward`` (what ``loss.backward()`` calls),
-  while a step is open.
+  while a step is open (the process-wide wrapper of ``backward.py``).
 - ``optimizer``: from the optimizer's step pre-hook to its post-hook.
 
 A step opens at the first data fetch (or forward, without a DataLoader) after the
@@ -29,10 +29,9 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
+from .backward import hold_backward
 from .base import Instrumentation, count_batch
 
-_ACTIVE: list[Any] = []  # adapters (any object with a ``rec``) timing backward
-_ORIGINAL_BACKWARD: Callable[..., Any] | None = None
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
 _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
@@ -40,88 +39,8 @@ _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compile
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
 _DATA = boundary(None, "data", begin=ADAPTER)
 _FORWARD = boundary("forward", "forward", begin=ADAPTER)
-_BACKWARD = boundary("forward", "backward")
-_BACKWARD_OPENS = boundary("forward", "backward", begin=ADAPTER)  # after a compiled forward
-_BACKWARD_END = boundary("backward", None)
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
-
-
-def _patched_backward(*args: Any, **kwargs: Any) -> Any:
-    original = _ORIGINAL_BACKWARD
-    assert original is not None
-    rec = None
-    try:
-        # Adapters of the live session share its recorder (those of a session shut down
-        # hold a disabled one); outside a step the boundary is a no-op, unless a compiled
-        # forward opened no step (see _TimedForward): then backward opens it.
-        b = _BACKWARD
-        for adapter in _ACTIVE:
-            if adapter.rec.enabled:
-                rec = adapter.rec
-                if getattr(adapter, "compiled", False):
-                    b = _BACKWARD_OPENS
-                    rec.compiled_seen = True  # (FLOP counting steps aside)
-        if rec is not None:
-            rec.transition(b)
-    except Exception:  # telemetry never raises into training
-        _log.exception("otel-train: timing backward failed")
-        rec = None
-    if rec is None:
-        return original(*args, **kwargs)
-    try:
-        result = original(*args, **kwargs)
-    except BaseException as err:
-        _exit_backward(rec, err)
-        raise
-    try:
-        rec.transition(_BACKWARD_END)
-    except Exception:
-        _log.exception("otel-train: timing backward failed")
-    return result
-
-
-def _exit_backward(rec: Recorder, err: BaseException) -> None:
-    try:
-        rec.exit_if_top("backward", type(err), err)
-    except Exception:
-        _log.exception("otel-train: timing backward failed")
-
-
-def hold_backward(owner: Any) -> Callable[[], None]:
-    """Time ``torch.autograd.backward`` as a ``backward`` phase for another adapter.
-
-    ``owner`` needs a ``rec`` (the session's Recorder): while it has an open step,
-    backward closes an open ``forward`` and becomes a phase. Returns the undo.
-    """
-    _ACTIVE.append(owner)
-    _install_backward_patch()
-
-    def release() -> None:
-        if owner in _ACTIVE:
-            _ACTIVE.remove(owner)
-        _remove_backward_patch()
-
-    return release
-
-
-def _install_backward_patch() -> None:
-    global _ORIGINAL_BACKWARD
-    if _ORIGINAL_BACKWARD is None:
-        _ORIGINAL_BACKWARD = torch.autograd.backward
-        torch.autograd.backward = _patched_backward
-
-
-def _remove_backward_patch() -> None:
-    global _ORIGINAL_BACKWARD
-    # If someone wrapped us since, leave the chain intact: we pass through when inactive.
-    if (
-        _ORIGINAL_BACKWARD is not None
-        and not _ACTIVE
-        and torch.autograd.backward is _patched_backward
-    ):
-        torch.autograd.backward = _ORIGINAL_BACKWARD
-        _ORIGINAL_BACKWARD = None
 
 
 class _TimedIterator:
@@ -381,14 +300,11 @@ def attach(
                 dataloader.__class__ = original_cls
 
         inst.on_undo(restore_loader)
-    _ACTIVE.append(adapter)
-    _install_backward_patch()
+    release_backward = hold_backward(adapter)
 
     def deactivate() -> None:
         adapter.active = False
-        if adapter in _ACTIVE:
-            _ACTIVE.remove(adapter)
-        _remove_backward_patch()
+        release_backward()
         rec = adapter.rec
         rec.exit_if_top("forward")
 

@@ -8,7 +8,7 @@ Usage::
 
 The shape: callable ``train_step`` and ``forward_backward_step`` methods, plus
 ``next_batch`` (older torchtitan) or ``batch_generator`` (torchtitan 0.3) for data.
-Built on the method-map adapter (``methods.py``):
+Built on the method-map timing (``base.time_methods``, as ``methods.py`` uses it):
 
 - step: each ``train_step`` call (one optimizer step).
 - ``data``: each ``next_batch`` call, or else each ``next()`` inside a step on the
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from ..recording.recorder import Recorder
-from . import methods, torch_loop
-from .base import Instrumentation, count_batch, guarded, patch_attribute
+from .backward import hold_backward
+from .base import Instrumentation, count_batch, guarded, patch_attribute, time_methods
 
 REQUIRED = ("train_step", "forward_backward_step")
 DATA_METHODS = ("next_batch", "batch_generator")
@@ -77,7 +77,7 @@ def count_titan_batch(batch: Any) -> tuple[int | None, int | None]:
 class TitanAdapter:
     def __init__(self, inst: Instrumentation, counter: Counter) -> None:
         self.inst = inst
-        self.rec: Recorder = inst.session.recorder  # read by torch_loop's backward timing
+        self.rec: Recorder = inst.session.recorder  # read by the backward wrapper
         self.counter = counter
         self.active = True
         self.enter_data = guarded(inst, self._enter_data)
@@ -142,7 +142,7 @@ class _TimedBatches:
 
 def attach(inst: Instrumentation, trainer: Any, counter: Counter | None) -> None:
     adapter = TitanAdapter(inst, counter or count_titan_batch)
-    methods.attach(inst, trainer, {"forward_backward": ("forward_backward_step",)}, "train_step")
+    time_methods(inst, trainer, {"forward_backward": ("forward_backward_step",)}, "train_step")
     if _has_method(trainer, "next_batch"):
         original = trainer.next_batch
         wrapper = functools.wraps(original)(functools.partial(adapter.fetch, original))
@@ -162,7 +162,7 @@ def attach(inst: Instrumentation, trainer: Any, counter: Counter | None) -> None
         post = optimizers.register_step_post_hook(guarded(inst, adapter.optimizer_post_hook))
         inst.on_undo(post.remove)
         inst.on_undo(pre.remove)
-    inst.on_undo(torch_loop.hold_backward(adapter))
+    inst.on_undo(hold_backward(adapter))
 
     def deactivate() -> None:
         adapter.active = False

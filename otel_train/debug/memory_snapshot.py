@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry import trace
@@ -45,12 +45,23 @@ SNAPSHOT_PATH = "otel_train.memory_snapshot.path"
 SNAPSHOT_REASON = "otel_train.memory_snapshot.reason"
 
 
-def _rank() -> int:
-    for var in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+def _load_identity() -> Any:
+    """identity.py (standard library only) by its path: this module was loaded by its
+    own path, without the package (see debug/__init__.py)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "identity.py"
+    spec = importlib.util.spec_from_file_location("identity", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __package__:
+    from .. import identity
+else:
+    identity = _load_identity()
 
 
 class MemorySnapshot:
@@ -120,7 +131,8 @@ class MemorySnapshot:
             return None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            name = f"memory-{reason}-{len(self.paths)}.rank{_rank()}.pid{os.getpid()}.pickle"
+            rank, pid = identity.rank(), os.getpid()
+            name = f"memory-{reason}-{len(self.paths)}.rank{rank}.pid{pid}.pickle"
             path = str((self.directory / name).resolve())
             torch.cuda.memory._dump_snapshot(path)  # type: ignore[no-untyped-call]
         except Exception:

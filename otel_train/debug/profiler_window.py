@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry import trace
@@ -48,12 +48,23 @@ def parse_steps(text: str) -> tuple[int, int]:
     return a, b
 
 
-def _rank() -> int:
-    for var in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+def _load_identity() -> Any:
+    """identity.py (standard library only) by its path: this module was loaded by its
+    own path, without the package (see debug/__init__.py)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "identity.py"
+    spec = importlib.util.spec_from_file_location("identity", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __package__:
+    from .. import identity
+else:
+    identity = _load_identity()
 
 
 class ProfilerWindow:
@@ -76,7 +87,7 @@ class ProfilerWindow:
         self.first = first
         self.last = last
         self.directory = Path(directory)
-        name = f"profile-steps{first}-{last}.rank{_rank()}.pid{os.getpid()}.pt.trace.json"
+        name = f"profile-steps{first}-{last}.rank{identity.rank()}.pid{os.getpid()}.pt.trace.json"
         self.path = str((self.directory / name).resolve())
         if activities is None:
             activities = [torch.profiler.ProfilerActivity.CPU]

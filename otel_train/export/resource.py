@@ -1,12 +1,13 @@
 """The resource every export carries: service, rank identity, node, job.
 
-Rank attributes come from the launcher's environment when present: torchrun
-(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``),
-SLURM (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``,
-``SLURM_JOB_ID``, ``SLURMD_NODENAME``) or a Kubernetes Indexed Job
-(``JOB_COMPLETION_INDEX``, plus the downward-API variables ``K8S_POD_NAME``,
-``K8S_NAMESPACE_NAME``, ``K8S_NODE_NAME`` and ``K8S_JOB_NAME`` that
-deploy/k8s/training-job.yaml defines). ``OTEL_TRAIN_RUN_ID`` overrides the job id.
+Rank attributes come from the launcher's environment when present (the ranks and world
+size are read by ``otel_train/identity.py``): torchrun (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``), SLURM (``SLURM_PROCID``,
+``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, ``SLURM_JOB_ID``,
+``SLURMD_NODENAME``) or a Kubernetes Indexed Job (``JOB_COMPLETION_INDEX``, plus the
+downward-API variables ``K8S_POD_NAME``, ``K8S_NAMESPACE_NAME``, ``K8S_NODE_NAME`` and
+``K8S_JOB_NAME`` that deploy/k8s/training-job.yaml defines). ``OTEL_TRAIN_RUN_ID``
+overrides the job id.
 
 ``service.instance.id``: with a job id, a UUIDv5 of (job, rank), the same for a rank
 restarted by torchelastic (no new series per restart) and different for every rank;
@@ -23,7 +24,25 @@ import uuid
 from opentelemetry.sdk.resources import Resource
 
 from .. import contract as c
+from ..identity import env_int, env_str, local_rank, node_rank, rank, world_size
 from ..settings import Settings
+
+# The ranks are read in identity.py; re-exported here under their old names.
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "build_resource",
+    "env_int",
+    "env_str",
+    "host_name",
+    "instance_id",
+    "job_id",
+    "local_rank",
+    "metrics_port",
+    "node_rank",
+    "rank",
+    "rank_attributes",
+    "world_size",
+]
 
 DEFAULT_SERVICE_NAME = "otel-train"
 # Namespace of the per-rank UUIDv5 (a fixed random UUID, so ids are stable across versions).
@@ -40,33 +59,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                continue
-    return None
-
-
-def env_str(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name, "").strip()
-        if value:
-            return value[:256]
-    return None
-
-
-def rank() -> int:
-    return env_int("RANK", "SLURM_PROCID") or 0
-
-
-def local_rank() -> int | None:
-    return env_int("LOCAL_RANK", "SLURM_LOCALID")
-
-
 def job_id() -> str | None:
     # torchrun's static rendezvous (--master_addr) leaves TORCHELASTIC_RUN_ID at "none".
     elastic = env_str("TORCHELASTIC_RUN_ID")
@@ -79,8 +71,8 @@ def rank_attributes() -> dict[str, object]:
     attrs: dict[str, object] = {c.RESOURCE_RANK.key: rank()}
     optional: dict[str, object | None] = {
         c.RESOURCE_LOCAL_RANK.key: local_rank(),
-        c.RESOURCE_WORLD_SIZE.key: env_int("WORLD_SIZE", "SLURM_NTASKS"),
-        c.RESOURCE_NODE_RANK.key: env_int("GROUP_RANK", "SLURM_NODEID", "JOB_COMPLETION_INDEX"),
+        c.RESOURCE_WORLD_SIZE.key: world_size(),
+        c.RESOURCE_NODE_RANK.key: node_rank(),
         c.RESOURCE_JOB.key: job_id(),
         "k8s.pod.name": env_str("K8S_POD_NAME"),
         "k8s.namespace.name": env_str("K8S_NAMESPACE_NAME"),

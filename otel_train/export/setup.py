@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -125,7 +126,29 @@ def build_telemetry(
             gmp if _is_sdk_meter_provider(gmp) else None,
             _BRIDGES.get(gmp),
         )
-    return _build_own(settings, version)
+    return build_own(settings, version)
+
+
+def builds_own(tracer_provider: Any | None, meter_provider: Any | None) -> bool:
+    """Whether :func:`build_telemetry` would build otel-train's own SDK (rule 3)."""
+    if tracer_provider is not None or meter_provider is not None:
+        return False
+    gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
+    return not (_is_sdk_tracer_provider(gtp) or _is_sdk_meter_provider(gmp))
+
+
+def exports_traces(settings: Settings) -> bool:
+    """Whether otel-train's own SDK exports spans over OTLP (an endpoint is configured)."""
+    return _otlp_wanted(settings, _TRACE_ENV)
+
+
+def check_exporters(settings: Settings) -> None:
+    """Raise the ConfigError that building the exporters would raise (the sidecar builds
+    them in its own process: a bad setting must still fail at configure time)."""
+    if settings.otlp_protocol == "grpc" and (
+        _otlp_wanted(settings, _TRACE_ENV) or _otlp_wanted(settings, _METRIC_ENV)
+    ):
+        _import_grpc()
 
 
 def _otlp_wanted(settings: Settings, env_names: tuple[str, ...]) -> bool:
@@ -181,8 +204,13 @@ def _import_grpc() -> Any:
 def start_prometheus_server(
     registry: Any, host: str, port: int, policy: str = "offset"
 ) -> tuple[Any, tuple[str, int]]:
-    from prometheus_client import start_http_server
+    sock = bind_metrics_socket(host, port, policy)
+    return serve_metrics(registry, sock), _address(sock)
 
+
+def bind_metrics_socket(host: str, port: int, policy: str = "offset") -> socket.socket:
+    """The listening socket of /metrics (bound where the settings are checked, so that a
+    taken port is a ConfigError at configure time even when the sidecar serves it)."""
     if port > 65535:
         raise ConfigError(
             f"otel_train setting 'prometheus_port': base port plus LOCAL_RANK is {port}, past "
@@ -190,7 +218,16 @@ def start_prometheus_server(
             "(accepted: 'offset', 'first', 'all')"
         )
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(16)
+        except BaseException:
+            sock.close()
+            raise
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             raise ConfigError(
@@ -203,11 +240,35 @@ def start_prometheus_server(
         raise ConfigError(
             f"otel_train setting 'prometheus_host': cannot serve /metrics on {host}:{port}: {err}"
         ) from None
-    bound = server.server_address
-    return server, (str(bound[0]), int(bound[1]))
+    return sock
 
 
-def _build_own(settings: Settings, version: str) -> Telemetry:
+def _address(sock: socket.socket) -> tuple[str, int]:
+    bound = sock.getsockname()
+    return str(bound[0]), int(bound[1])
+
+
+def serve_metrics(registry: Any, sock: socket.socket) -> Any:
+    """Serve ``registry`` on an already listening socket, from a daemon thread."""
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_wsgi_app
+
+    class Server(ThreadingWSGIServer):
+        address_family = sock.family
+
+    server = Server(sock.getsockname()[:2], _SilentHandler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    host, port = _address(sock)
+    server.server_name, server.server_port = host, port
+    server.setup_environ()
+    server.set_app(make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="otel-train-metrics", daemon=True).start()
+    return server
+
+
+def build_own(
+    settings: Settings, version: str, metrics_socket: socket.socket | None = None
+) -> Telemetry:
     from prometheus_client import CollectorRegistry
 
     resource = build_resource(settings)
@@ -215,12 +276,14 @@ def _build_own(settings: Settings, version: str) -> Telemetry:
     readers: list[Any] = []
     server = address = None
     port = metrics_port(settings) if settings.prometheus else None
-    if port is not None:
+    if metrics_socket is None and port is not None:
+        metrics_socket = bind_metrics_socket(
+            settings.prometheus_host, port, settings.prometheus_ranks
+        )
+    if metrics_socket is not None:
         registry = CollectorRegistry(auto_describe=True)
         readers.append(BridgedPrometheusReader(bridge, registry=registry))
-        server, address = start_prometheus_server(
-            registry, settings.prometheus_host, port, settings.prometheus_ranks
-        )
+        server, address = serve_metrics(registry, metrics_socket), _address(metrics_socket)
     health = ExportHealth()
     exporters: list[GuardedSpanExporter | GuardedMetricExporter] = []
     if _otlp_wanted(settings, _METRIC_ENV):

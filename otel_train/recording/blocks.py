@@ -119,8 +119,11 @@ class StepBlock:
         self._data: list[float] | None = None
 
     def columns(self) -> None:
+        """Derive the columns (from the log entries, or from :meth:`from_raw`'s)."""
+        if self._entries:
+            self.take_raw()
         tpl, m = self.template, self.template.m
-        times = self._times = list(map(_TIME, self._entries))
+        times = self._times
         starts = self.starts = times[tpl.start :: m]
         ends = self.ends = times[tpl.end :: m]
         # The recorder's own arithmetic, so each figure is the one the replay would give.
@@ -132,6 +135,12 @@ class StepBlock:
             ]
             for _, _, _, i0, i1 in tpl.rows
         ]
+
+    def take_raw(self) -> tuple[list[int], list[int | None], list[int | None], Any]:
+        """What the columns derive from, in plain lists (the log entries are let go):
+        every entry's time, each step's samples and tokens and its scalars (or None)."""
+        tpl, m = self.template, self.template.m
+        self._times = list(map(_TIME, self._entries))
         self.samples, self.tokens = self._counts()
         # Each step's scalars, resolved as the worker resolves a replayed step's.
         self.scalars: list[list[tuple[str, float]]] | None = None
@@ -144,6 +153,23 @@ class StepBlock:
                     )
             self.scalars = per_step
         self._entries = []
+        return self._times, self.samples, self.tokens, self.scalars
+
+    @classmethod
+    def from_raw(
+        cls,
+        template: Template,
+        first: int,
+        times: list[int],
+        samples: list[int | None],
+        tokens: list[int | None],
+        scalars: list[list[tuple[str, float]]] | None,
+    ) -> StepBlock:
+        """A block rebuilt from :meth:`take_raw`'s lists (in the sidecar's process)."""
+        block = cls(template, [], first)
+        block.k = len(times) // template.m
+        block._times, block.samples, block.tokens, block.scalars = times, samples, tokens, scalars
+        return block
 
     def _counts(self) -> tuple[list[int | None], list[int | None]]:
         tpl, m = self.template, self.template.m

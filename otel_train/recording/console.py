@@ -131,7 +131,8 @@ class ConsoleReporter:
         for r, row in enumerate(tpl.rows):
             key = (tpl.depths[r], row[2])
             t = window.get(key) or self._new_row(key)
-            t.seconds += sum(block.phase_seconds[r][lo:hi])
+            # (in order from the row's total: the same float sums as step by step)
+            t.seconds = sum(block.phase_seconds[r][lo:hi], t.seconds)
             t.count += hi - lo
         if block.scalars is not None:
             for items in block.scalars[lo:hi]:

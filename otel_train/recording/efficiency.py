@@ -88,10 +88,15 @@ class Region:
         return False
 
 
-try:
-    from torch._dynamo.eval_frame import OptimizedModule as _OPTIMIZED
-except Exception:  # pragma: no cover - torch builds without Dynamo
-    _OPTIMIZED = ()  # type: ignore[assignment,misc]
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _optimized_type() -> Any:
+    """torch.compile's module wrapper type, if Dynamo was imported (importing it costs
+    ~1 s: a process that never compiled has no compiled module)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", ()) if eval_frame is not None else ()
 
 
 def _dynamo_graphs() -> int:
@@ -107,7 +112,16 @@ def _dynamo_graphs() -> int:
 
 
 class EfficiencyTracker:
-    def __init__(self, settings: Settings, recorder: Any, regions: RegionLog, window: int) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        recorder: Any,
+        regions: RegionLog,
+        window: int,
+        probe: Any = None,
+    ) -> None:
+        """``probe``: what counts FLOPs (default: a FlopProbe on ``recorder`` when the
+        settings count); the sidecar passes its stand-in for the training process's."""
         self._given = settings.flops_per_step
         self._estimate = settings.flops == "estimate" and self._given is None
         self._peak_tflops = settings.peak_tflops
@@ -117,8 +131,13 @@ class EfficiencyTracker:
         self._params: int | None = None
         self.probe: FlopProbe | None = None
         if settings.flops == "count" and self._given is None:
-            self.probe = FlopProbe(recorder, settings.flops_count_step, skip=self._compiled)
-            recorder.flop_probe = self.probe
+            if probe is not None:
+                self.probe = probe
+            else:
+                self.probe = FlopProbe(recorder, settings.flops_count_step, skip=self._compiled)
+                recorder.flop_probe = self.probe
+        # (parameters, dtype label, device name) known in another process (the sidecar's)
+        self.model_facts: tuple[int, str, str | None] | None = None
         self._recorder = recorder
         self._graphs_at_start = _dynamo_graphs()
         self._counted: dict[tuple[int | None, int | None], float] = {}
@@ -153,13 +172,25 @@ class EfficiencyTracker:
             self.models.append(model)
             self._params = None
 
+    def facts(self) -> tuple[int, str, str | None]:
+        """What the figures need of the models and device: (trainable parameters, the
+        parameters' dtype label, the CUDA device's name when CUDA is in use)."""
+        name = None
+        if _cuda_in_use():
+            try:
+                name = torch.cuda.get_device_name()
+            except Exception:
+                name = None
+        return parameter_count(self.models), self._model_dtype(), name
+
     def _compiled(self) -> bool:
         """Whether a model runs under torch.compile: counting would recompile it under the
         counter's dispatch mode (and Dynamo warns about the counter's global hooks)."""
         if getattr(self._recorder, "compiled_seen", False):
             return True  # compiled after instrument(): the torch-loop adapter saw it
+        optimized = _optimized_type()
         if any(
-            isinstance(m, _OPTIMIZED) or getattr(m, "_compiled_call_impl", None) is not None
+            isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None
             for m in self.models
         ):
             return True
@@ -408,7 +439,8 @@ class EfficiencyTracker:
         if tokens is None:
             return None
         if self._params is None:
-            self._params = parameter_count(self.models)
+            facts = self.model_facts
+            self._params = facts[0] if facts is not None else parameter_count(self.models)
         return 6.0 * self._params * tokens if self._params else None
 
     def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, float]:
@@ -433,7 +465,9 @@ class EfficiencyTracker:
         if dtype == "auto":
             dtype = self._dtype or self._model_dtype()
         name = None
-        if self._peak_tflops is None and torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        if self.model_facts is not None:
+            name = self.model_facts[2] if self._peak_tflops is None else None
+        elif self._peak_tflops is None and _cuda_in_use():
             try:
                 name = torch.cuda.get_device_name()
             except Exception:
@@ -446,6 +480,8 @@ class EfficiencyTracker:
         return self.peak
 
     def _model_dtype(self) -> str:
+        if self.model_facts is not None:
+            return self.model_facts[1]
         for model in self.models:
             for p in model.parameters():
                 if p.is_floating_point():

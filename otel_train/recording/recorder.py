@@ -94,6 +94,25 @@ class PhaseStack(list):  # type: ignore[type-arg]
     __ne__ = object.__ne__
     __hash__ = object.__hash__  # type: ignore[assignment]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Shipped to the sidecar as a token: its replica keeps one stack per token.
+        return (stack_of, (id(self),))
+
+
+_REPLICA_STACKS: dict[int, PhaseStack] = {}
+
+
+def stack_of(token: int) -> PhaseStack:
+    """The sidecar replica's stack for a training-process stack's token."""
+    stack = _REPLICA_STACKS.get(token)
+    if stack is None:
+        stack = _REPLICA_STACKS[token] = PhaseStack()
+    return stack
+
+
+def replica_stacks() -> dict[int, PhaseStack]:
+    return _REPLICA_STACKS
+
 
 class OpenStep:
     """A step being recorded, then handed to the worker as is."""
@@ -190,7 +209,8 @@ class StepScope:
 
 
 class Recorder:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, replica: bool = False) -> None:
+        """``replica``: the sidecar's copy, which only replays logs shipped to it."""
         self.settings = settings
         self.enabled = True
         self._pending: collections.deque[OpenStep] = collections.deque()
@@ -204,7 +224,12 @@ class Recorder:
         self.memory: CudaMemoryTracker | None = None
         self._cuda = False
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
-        self._want_cuda = settings.device_timing != "off" and torch.cuda.is_available()
+        self._want_cuda = (
+            not replica and settings.device_timing != "off" and torch.cuda.is_available()
+        )
+        # The sidecar's raw handover (sidecar/raw.py) while the log goes out unapplied:
+        # anything that needs this recorder's state has it catch up first.
+        self.handover: Any = None
         self._debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
         # FLOP counting (recording/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
@@ -226,6 +251,12 @@ class Recorder:
         self.dropped_scalars = 0
         self._failed_once = False
         self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
+        # Past these many log entries the log is applied here (the worker fell behind),
+        # unless on_backlog() named a taker (the sidecar's feeder, on this thread).
+        self._log_limit = MAX_LOG
+        self._on_full: Any = self.settle
+        self._steps_limit = _INT64_MAX
+        self._due = False
         if settings.device_timing == "cuda" and not torch.cuda.is_available():
             from ..settings import ConfigError
 
@@ -283,7 +314,7 @@ class Recorder:
     def current_step(self) -> OpenStep | None:
         """The open step, after every deferred boundary has been applied (the lock waits
         for a drain in progress: its entries are off the log but not yet applied)."""
-        if self._log:
+        if self._log or self._raw_out():
             self.settle()
         with self._lock:
             return self._current
@@ -291,8 +322,13 @@ class Recorder:
     @property
     def pending(self) -> collections.deque[OpenStep]:
         """Finished steps waiting for the worker (deferred boundaries applied first)."""
-        if self._log:
+        if self._log or self._raw_out():
             self.settle()
+        return self._pending
+
+    @property
+    def finished(self) -> collections.deque[OpenStep]:
+        """Finished steps waiting, boundaries still in the log not applied."""
         return self._pending
 
     @property
@@ -316,20 +352,41 @@ class Recorder:
         In slices, so that a training thread waiting for the lock (an explicit phase
         beside an instrumented loop) waits for one slice, not for the whole backlog.
         """
-        while self._log:
+        while self._log or self._raw_out():
             with self._lock:
                 self._settle(SETTLE_SLICE)
 
-    def drain_blocks(self) -> list[tuple[list[OpenStep], StepBlock]]:
+    def _raw_out(self) -> bool:
+        """Whether entries went to the sidecar unapplied here (sidecar/raw.py)."""
+        return self.handover is not None and bool(self.handover.raw)
+
+    def on_backlog(self, take: Any, entries: int, steps: int) -> None:
+        """Call ``take()`` (on the recording thread, with no lock held) once the log holds
+        more than ``entries`` entries or ``steps`` finished steps wait: how a feeder in
+        this process hands work on without a thread of its own (otel_train/sidecar/)."""
+        self._log_limit = entries
+        self._steps_limit = steps
+        self._on_full = take
+
+    def _take_due(self) -> None:
+        self._due = False
+        self._on_full()
+
+    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], StepBlock]]:
         """Apply the log, taking runs of recognised steps as blocks (recording/blocks.py).
 
         Returns ``(steps finished before the block, block)`` pairs in order; steps
         finished after the last block stay in ``pending``. Normally the worker's call.
+        ``keep_partial``: a log that ends inside a step of a known shape keeps that
+        step's entries for the next call (the sidecar's feeder drains every few steps:
+        replaying the partial step, or learning from it, would cost more than the rest).
         """
         out: list[tuple[list[OpenStep], StepBlock]] = []
         if not self._log or not self._defer or not self.blocks:
             return out
         with self._lock:
+            if self.handover is not None and self.handover.raw:
+                self.handover.leave_raw()
             log = self._log
             # Entries the training thread appends meanwhile wait for the next call. (Those
             # taken here are applied before the lock is released: current_step waits.)
@@ -348,6 +405,9 @@ class Recorder:
                             if not kinds:
                                 kinds = list(map(KIND, entries))
                                 stacks = list(map(STACK, entries))
+                            if keep_partial and self._partial_at(kinds, stacks, i, templates):
+                                log.extendleft(reversed(entries[i:]))
+                                return out
                             k, tpl = self._block_at(entries, kinds, stacks, i, templates)
                             if k:
                                 assert tpl is not None
@@ -369,6 +429,18 @@ class Recorder:
                 log.clear()
                 self._fail()
         return out
+
+    @staticmethod
+    def _partial_at(
+        kinds: list[Any], stacks: list[Any], i: int, templates: dict[Boundary, list[Template]]
+    ) -> bool:
+        """Whether entries ``i`` .. the end are the beginning of one step of a known shape."""
+        rest = len(kinds) - i
+        for tpl in templates.get(kinds[i]) or ():
+            if rest < tpl.m and kinds[i:] == tpl.kinds[:rest]:
+                run = stacks[i:]
+                return run.count(stacks[i]) == rest
+        return False
 
     def _block_at(
         self,
@@ -461,6 +533,8 @@ class Recorder:
 
     def _settle(self, limit: int = -1) -> None:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
+        if self.handover is not None and self.handover.raw:
+            self.handover.leave_raw()  # the state first: what the sidecar was sent raw
         log = self._log
         popleft = log.popleft
         replay = self._replay
@@ -507,8 +581,8 @@ class Recorder:
     def _append(self, item: tuple[Any, ...]) -> None:
         log = self._log
         log.append(item)
-        if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
-            self.settle()
+        if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
+            self._on_full()
 
     def _tls_stack(self) -> list[list[Any]]:
         tls = self._tls
@@ -624,6 +698,8 @@ class Recorder:
             with self._lock:
                 self._settle()
                 self._scoped_end_at(t)
+            if self._due:
+                self._take_due()
         except Exception:
             self._fail()
 
@@ -654,6 +730,8 @@ class Recorder:
                 if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
                     return  # an adapter's optimizer step also ends a step bare phases opened
                 self._close(step, t)
+            if self._due:
+                self._take_due()
         except Exception:
             self._fail()
 
@@ -740,6 +818,8 @@ class Recorder:
             except IndexError:
                 pass
         pending.append(step)
+        if len(pending) >= self._steps_limit:
+            self._due = True  # handed on when the call that closed it returns
 
     def _release_step(self, step: OpenStep) -> None:
         ev = self.events
@@ -763,6 +843,8 @@ class Recorder:
             with self._lock:
                 self._settle()
                 self._enter_at(name, t, self._tls_stack())
+            if self._due:
+                self._take_due()
         except Exception:
             self._fail()
 
@@ -829,6 +911,8 @@ class Recorder:
             with self._lock:
                 self._settle()
                 self._exit_at(t, self._tls_stack(), error, name)
+            if self._due:
+                self._take_due()
         except Exception:
             self._fail()
 
@@ -906,13 +990,15 @@ class Recorder:
                     stack = tls.stack = PhaseStack()
                 log = self._log
                 log.append((stack, perf_counter_ns(), b))
-                if len(log) > MAX_LOG:  # the worker is not keeping up: apply them here
-                    self.settle()
+                if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
+                    self._on_full()
                 return
             t = perf_counter_ns()
             with self._lock:
                 self._settle()
                 self._transition_at(self._tls_stack(), t, b[0], b[1], b[2], b[3])
+            if self._due:
+                self._take_due()
         except Exception:
             self._fail()
 

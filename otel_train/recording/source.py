@@ -34,6 +34,7 @@ class Counters:
     dropped_phases: int = 0
     dropped_scalars: int = 0
     memory_total: int | None = None
+    dropped_handover: int = 0  # steps the sidecar's pipe could not take (sidecar/feeder.py)
 
 
 @dataclass(slots=True)
@@ -52,18 +53,25 @@ class StepSource:
         self.recorder = recorder
         self.clock = DeviceClock(recorder.events)
 
-    def take(self, whole_blocks: bool = True) -> Batch:
+    def take(
+        self, whole_blocks: bool = True, derive: bool = True, keep_partial: bool = False
+    ) -> Batch:
         """Every step whose events have completed; ``whole_blocks``: blocks stay blocks
-        (else each becomes its list of resolved steps)."""
+        (else each becomes its list of resolved steps); ``derive``: compute the blocks'
+        columns here (the sidecar derives them in its own process); ``keep_partial``: see
+        :meth:`Recorder.drain_blocks`."""
         rec = self.recorder
         batch = Batch()
         parts = batch.parts
-        for before, block in rec.drain_blocks():
+        for before, block in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
-            block.columns()
-            parts.append(block if whole_blocks else block.steps())
-        tail = self._take_resolved()
+            if derive:
+                block.columns()
+                parts.append(block if whole_blocks else block.steps())
+            else:
+                parts.append(block)
+        tail = self._take_resolved(keep_partial)
         if tail:
             parts.append(tail)
         batch.scalars = self._loose_scalars()
@@ -86,8 +94,10 @@ class StepSource:
     def disable(self) -> None:
         self.recorder.enabled = False
 
-    def _take_resolved(self) -> list[ResolvedStep]:
-        pending = self.recorder.pending
+    def _take_resolved(self, keep_partial: bool) -> list[ResolvedStep]:
+        # (``pending`` applies the log first: a partial step kept there must stay)
+        rec = self.recorder
+        pending = rec.finished if keep_partial else rec.pending
         out: list[ResolvedStep] = []
         while pending:
             step = pending[0]

@@ -197,6 +197,7 @@ class Worker:
                 ("queue_full", counters.dropped_steps),
                 ("late_phase", counters.dropped_phases),
                 ("scalar_names", counters.dropped_scalars),
+                ("sidecar", counters.dropped_handover),
                 *(self._export_drops().items() if self._export_drops is not None else ()),
             ):
                 if count:

@@ -5,6 +5,7 @@ public testing helpers) alone."""
 from __future__ import annotations
 
 import ast
+import itertools
 import shutil
 import subprocess
 import sys
@@ -87,3 +88,231 @@ def test_lint_and_types_are_clean(tool: str) -> None:
     }[tool]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=PKG.parent)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# The order of the layers -------------------------------------------------------------
+# Every module's part is its first name under otel_train/ ("otel_train" for the package's
+# own __init__.py, which is the public API). Each part may import its own modules and the
+# parts listed here, nothing else; the drawing in otel_train/__init__.py shows the same.
+# Counted: imports that run, at module level or inside functions (lazy ones too);
+# imports under ``if TYPE_CHECKING:`` are annotations only and never run.
+BASE = frozenset({"identity", "contract", "settings"})
+LAYERS: dict[str, frozenset[str]] = {
+    # the foundation: nothing of the package but each other
+    "identity": frozenset(),  # the debug components load it by its path, alone
+    "contract": BASE - {"contract"},
+    "settings": BASE - {"settings"},
+    "signals": BASE,
+    "debug": frozenset({"identity"}),  # loadable without the rest of otel-train
+    "recording": BASE | {"debug"},  # the core: knows no adapter, exporter or sidecar
+    "export": BASE | {"recording"},  # the SDK side: reads the core's aggregates
+    "adapters": BASE | {"recording"},  # leaves over the core; talk to the OTel API only
+    "wiring": BASE | {"recording", "export"},  # the consumer side, built in one place
+    "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
+    "session": BASE | {"signals", "debug", "recording", "export", "wiring", "sidecar"},
+    "otel_train": BASE | {"session", "adapters", "recording"},  # the public API
+    "cli": BASE | {"otel_train"},
+    "testing": BASE | {"export"},
+}
+# Why the edges that matter most are absent: the message a violation carries.
+REASONS: dict[tuple[str, str], str] = {
+    ("recording", "adapters"): "the core never knows its adapters: they are leaves over it",
+    ("recording", "export"): "the core talks to the OTel API only; the SDK side reads it",
+    ("recording", "sidecar"): "the sidecar is started by session.py alone",
+    ("export", "adapters"): "exporting knows nothing of trainers",
+    ("adapters", "export"): "adapters talk to the OTel API only (the SDK is built in export/)",
+    ("adapters", "session"): "adapters are handed their session (Instrumentation.session)",
+    ("debug", "adapters"): "debug components load without the rest of otel-train",
+    ("debug", "export"): "debug components load without the rest of otel-train",
+    ("debug", "recording"): "debug components load without the rest of otel-train",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def part_of(module: str) -> str:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else names[0]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def package_imports(path: Path, modules: set[str]) -> list[tuple[str, int, bool]]:
+    """(otel_train module, line, at module level) of every import of the package that
+    runs in ``path``: not those under ``if TYPE_CHECKING:``. A ``from X import name``
+    names the module ``X.name`` when that is one, else ``X``."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.orelse:
+                visit(stmt, top)
+            return
+        if isinstance(node, ast.Import):
+            out.extend((a.name, node.lineno, top) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                names = package.split(".")
+                base = names[: len(names) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                out.append((full if full in modules else source, node.lineno, top))
+        lazy = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, top and not lazy)
+
+    visit(ast.parse(path.read_text()), True)
+    return [
+        (m, line, top) for m, line, top in out if m == "otel_train" or m.startswith("otel_train.")
+    ]
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {otel_train module it imports at module level: line}. Lazy imports (in
+    functions) are left out. Importing ``a.b.c`` also runs the packages ``a`` and ``a.b``
+    (their __init__.py, where there is one) unless they are the importer's ancestors,
+    already being imported."""
+    modules = package_modules()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges: dict[str, int] = {}
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        for target, line, top in package_imports(path, set(modules)):
+            if not top:
+                continue
+            names = target.split(".")
+            implied = {".".join(names[:i]) for i in range(1, len(names))} - ancestors
+            for t in (*sorted(implied), target):
+                if t in modules and t != name:
+                    edges.setdefault(t, line)
+        graph[name] = edges
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every distinct cycle a depth-first search meets, each as [a, b, ..., a]."""
+    cycles: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                cycle = [*path[path.index(nxt) :], nxt]
+                key = frozenset(cycle)
+                if key not in seen:
+                    seen.add(key)
+                    cycles.append(cycle)
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_cycle_finder_names_the_cycle() -> None:
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "d": 4}, "d": {}, "e": {"e": 5}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert find_cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_no_import_cycles_among_the_package_modules() -> None:
+    graph = import_graph()
+    assert graph.get("otel_train.adapters.hf"), "no imports found: the graph is empty"
+    cycles = find_cycles(graph)
+    described = [
+        c[0] + "".join(f" --(line {graph[a][b]})--> {b}" for a, b in itertools.pairwise(c))
+        for c in cycles
+    ]
+    assert not cycles, (
+        "import cycles at module level (make one of the imports lazy, inside the function "
+        "that needs it, or move the shared code down a layer):\n" + "\n".join(described)
+    )
+
+
+def test_every_part_has_a_place_in_the_layers() -> None:
+    parts = {part_of(m) for m in package_modules()}
+    unknown = sorted(parts - set(LAYERS))
+    assert not unknown, (
+        f"otel_train has new top-level parts {unknown}: add each to LAYERS in "
+        f"{Path(__file__).name} (what it may import) and to the drawing in otel_train/__init__.py"
+    )
+
+
+def test_each_part_imports_only_the_layers_below_it() -> None:
+    modules = package_modules()
+    wrong: list[str] = []
+    for name, path in modules.items():
+        part = part_of(name)
+        allowed = LAYERS.get(part)
+        if allowed is None:
+            continue  # test_every_part_has_a_place_in_the_layers names it
+        for target, line, _ in package_imports(path, set(modules)):
+            other = part_of(target)
+            if other == part or other in allowed:
+                continue
+            rule = (
+                f"{part} may import only {sorted(allowed)}" if allowed else f"{part} imports none"
+            )
+            why = REASONS.get((part, other), rule)
+            wrong.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}: {why}")
+    assert not wrong, "imports against the order of the layers:\n" + "\n".join(wrong)
+
+
+def test_the_layer_rules_hold_the_issue_edges() -> None:
+    """The table itself: an edge the layering forbids is not quietly allowed."""
+    for (importer, imported), why in REASONS.items():
+        assert imported not in LAYERS[importer], f"LAYERS lets {importer} import {imported}: {why}"
+    assert "recording" in LAYERS["adapters"]
+    importers = sorted(p for p, allowed in LAYERS.items() if "sidecar" in allowed)
+    assert importers == ["session"], f"the sidecar is imported by session.py only, not {importers}"
+
+
+def test_the_package_docstring_draws_every_layer() -> None:
+    doc = ast.get_docstring(ast.parse((PKG / "__init__.py").read_text())) or ""
+    missing = [p for p in LAYERS if p != "otel_train" and p not in doc]
+    assert not missing, f"otel_train/__init__.py's docstring does not draw {missing}"
+
+
+# The adapters' shared core: an adapter module imports these, never a sibling adapter.
+ADAPTER_CORE = ("otel_train.adapters", "otel_train.adapters.base", "otel_train.adapters.backward")
+
+
+def test_adapters_import_the_shared_core_not_each_other() -> None:
+    modules = package_modules()
+    wrong: list[str] = []
+    for name, path in modules.items():
+        if part_of(name) != "adapters" or name == "otel_train.adapters":
+            continue  # adapters/__init__.py selects the adapter: it imports each, lazily
+        for target, line, _ in package_imports(path, set(modules)):
+            if part_of(target) == "adapters" and target not in ADAPTER_CORE:
+                wrong.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}")
+    assert not wrong, (
+        "an adapter imports another adapter; shared machinery belongs in adapters/base.py "
+        "or adapters/backward.py:\n" + "\n".join(wrong)
+    )

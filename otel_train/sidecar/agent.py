@@ -1,0 +1,314 @@
+"""The sidecar process: ``python -m otel_train.sidecar``, started by the training
+process's :class:`~.feeder.Feeder`.
+
+It builds otel-train's own SDK (OTLP exporters, the ``/metrics`` endpoint on the socket
+the training process bound), runs the worker, the console tables, the trace sampler
+and the efficiency figures on what arrives on stdin, and answers on stdout. Its GIL,
+its garbage collections and its export calls are its own: the training thread never
+waits for them. It ends at the training process's ``END`` message or at the end of its
+stdin (the training process died), either way with the summary and a bounded flush.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from ..export.resource import rank
+from ..export.setup import build_own
+from ..recording.blocks import StepBlock, Template
+from ..recording.efficiency import EfficiencyTracker, RegionLog
+from ..recording.recorder import Recorder, replica_stacks, stack_of
+from ..recording.source import Batch, Counters, StepSource
+from ..settings import ConfigError
+from ..wiring import build_consumer
+from . import wire
+
+_log = logging.getLogger("otel_train")
+_REPLICA = Counters()  # marks the replica's batches: the counters are the trainer's
+REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
+
+
+class RemoteSource:
+    """The worker's source here (source.py's interface): finished steps decoded from the
+    pipe, and a replica recorder applying the log entries sent raw (raw.py)."""
+
+    def __init__(self, settings: Any, out: Any) -> None:
+        self._batches: collections.deque[Batch] = collections.deque()
+        self.counters = Counters()
+        self.disabled = False
+        self._out = out
+        self._lock = threading.Lock()
+        self.replica = Recorder(settings, replica=True)
+        self._replica_source = StepSource(self.replica)
+        self.session: int | None = None
+        self._appended = 0  # entries of this raw session appended to the replica's log
+        self._drained = 0.0
+
+    def push(self, batch: Batch | None, raw: Any) -> None:
+        with self._lock:
+            if self.disabled:
+                return
+            if batch is not None:
+                self._batches.append(batch)
+            if raw is not None and raw[0] == self.session:
+                self.replica._log.extend(raw[1])
+                self._appended += len(raw[1])
+                # The training process keeps what was sent since the last idle point
+                # this reports: apply and report every REPORT_S (not per message: this
+                # process's CPU is the training node's too).
+                now = time.monotonic()
+                if now - self._drained >= REPORT_S:
+                    self._drained = now
+                    self._batches.append(self._replica_take(keep_partial=True))
+                    self._report_idle()
+
+    def _replica_take(self, keep_partial: bool) -> Batch:
+        batch = self._replica_source.take(True, derive=False, keep_partial=keep_partial)
+        batch.counters = _REPLICA  # the replica's own are added in take()
+        return batch
+
+    def raw_begin(self, session: int, next_index: int, token: Any) -> None:
+        with self._lock:
+            rep = self.replica
+            rep._next_index = next_index
+            rep.step_stack = stack_of(token) if token is not None else None
+            self.session, self._appended = session, 0
+
+    def raw_end(self, session: int) -> None:
+        """The training process caught up: keep the steps the entries finished, drop the
+        step they leave open (it goes on there)."""
+        with self._lock:
+            if session != self.session:
+                return
+            self._batches.append(self._replica_take(keep_partial=False))
+            rep = self.replica
+            rep._current = None
+            rep._scoped.clear()
+            for stack in replica_stacks().values():
+                stack.clear()
+            self.session = None
+
+    def take(self, whole_blocks: bool = True) -> Batch:
+        out = Batch(counters=self.counters)
+        with self._lock:
+            if self.session is not None and self.replica._log:
+                self._batches.append(self._replica_take(keep_partial=True))
+                self._report_idle()
+            batches, self._batches = self._batches, collections.deque()
+        extra = self.replica
+        for batch in batches:
+            for part in batch.parts:
+                if isinstance(part, StepBlock):
+                    part.columns()
+                    out.parts.append(part if whole_blocks else part.steps())
+                elif part:
+                    out.parts.append(part)
+            out.scalars.extend(batch.scalars)
+            if batch.counters is not _REPLICA:
+                self.counters = batch.counters
+        c = self.counters
+        out.counters = Counters(
+            c.pending,
+            c.dropped_steps,
+            c.dropped_phases + extra.dropped_phases,
+            c.dropped_scalars,
+            c.memory_total,
+            c.dropped_handover,
+        )
+        return out
+
+    def _report_idle(self) -> None:
+        rep = self.replica
+        if rep._current is not None or rep._scoped:
+            return
+        stack = rep.step_stack
+        if stack:
+            return
+        tokens = {id(v): k for k, v in replica_stacks().items()}
+        position = self._appended - len(rep._log)
+        token = tokens.get(id(stack)) if stack is not None else None
+        self._out((wire.IDLE, self.session, position, rep._next_index, token))
+
+    def has_work(self) -> bool:
+        return bool(self._batches) or bool(self.replica._log) or bool(self.replica._pending)
+
+    def backlog_due(self) -> bool:
+        return len(self._batches) >= 64
+
+    def disable(self) -> None:
+        with self._lock:
+            self.disabled = True
+            self._batches.clear()
+
+
+class RemoteProbe:
+    """The efficiency tracker's view of the training process's FLOP probe."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+        self.results: collections.deque[Any] = collections.deque(maxlen=64)
+        self.armed = True  # the probe starts armed (the settings' count step)
+        self.failed = False
+
+    def arm(self, at_index: int = 0) -> None:
+        self.armed = True
+        self._out((wire.ARM, at_index))
+
+    def abort(self) -> None:
+        pass  # the training process aborts its own probe at shutdown
+
+
+class Agent:
+    def __init__(self, hello: tuple[Any, ...], out: Any) -> None:
+        _, settings, version, offset_ns, _parent = hello
+        self.settings = settings
+        self._out = out
+        fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
+        sock = socket.socket(fileno=int(fd)) if fd else None
+        self.telemetry = build_own(settings, version, sock)
+        self.source = RemoteSource(settings, out)
+        self.templates: dict[int, Template] = {}
+        self.regions = RegionLog()
+        counting = settings.flops == "count" and settings.flops_per_step is None
+        self.probe = RemoteProbe(out) if counting else None
+        self.efficiency = EfficiencyTracker(
+            settings, None, self.regions, settings.throughput_window, probe=self.probe
+        )
+        self.efficiency.model_facts = (0, "fp32", None)  # until the first batch's
+        consumer = build_consumer(
+            settings, self.telemetry, self.source, self.efficiency, version, rank(), offset_ns
+        )
+        self.worker = consumer.worker
+        self.worker.start()
+
+    def handle(self, message: tuple[Any, ...]) -> bool:
+        """Apply one message; False at the end."""
+        kind = message[0]
+        if kind == wire.TEMPLATE:
+            self.templates[message[1]] = message[2]
+        elif kind == wire.BATCH:
+            _, _, _, _, _, regions, counts, probe_state, facts = message
+            if facts is not None:
+                self.efficiency.model_facts = facts
+                self.efficiency._params = None
+            if self.probe is not None:
+                self.probe.results.extend(counts)
+                if probe_state is not None:
+                    self.probe.armed, self.probe.failed = probe_state
+            self.regions.done.extend(regions)
+            self.source.push(wire.decode_batch(message, self.templates), None)
+        elif kind == wire.RAW:
+            self.source.push(None, message[1:])
+        elif kind == wire.RAW_BEGIN:
+            self.source.raw_begin(*message[1:])
+        elif kind == wire.RAW_END:
+            self.source.raw_end(message[1])
+        elif kind == wire.FLUSH:
+            ok = self.flush(message[2])
+            self._out((wire.FLUSHED, message[1], self.stats(), ok))
+        elif kind == wire.END:
+            self.end(message[1])
+            return False
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        """Every step that arrived in the metrics, its spans exported; bounded."""
+        deadline = time.monotonic() + timeout_s
+        self.worker.process()
+        t = self.telemetry
+        result: list[bool] = []
+
+        def force() -> None:
+            ok = True
+            for provider in (t.tracer_provider, t.meter_provider):
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if provider is not None:
+                    ok = left_ms > 0 and bool(provider.force_flush(left_ms)) and ok
+            result.append(ok)
+
+        # The SDK's flush can outlive its timeout (retries while the collector is down):
+        # this thread answers at the deadline and goes on reading the pipe.
+        thread = threading.Thread(target=force, name="otel-train-flush", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return bool(result and result[0])
+
+    def stats(self) -> dict[str, Any]:
+        """This process's figures, for the training process (benchmarks, tests)."""
+        health = self.telemetry.health
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {
+            "export_drops": health.counts() if health is not None else {},
+            "rss_bytes": rss,
+            "steps": self.worker.steps_processed,
+        }
+
+    def end(self, budget_s: float) -> None:
+        deadline = time.monotonic() + max(0.0, budget_s - 0.2)  # kept for the exit itself
+        self.worker.stop(time.monotonic() + (deadline - time.monotonic()) / 2)
+        if self.settings.console != "off":
+            try:
+                self.worker.console.print_summary()
+            except Exception:
+                _log.exception("otel-train: printing the run summary failed")
+        self.in_time = self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+
+
+def main() -> None:
+    # Signals to the training job are the trainer's: it tells us when to end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(format="%(message)s")
+    write_lock = threading.Lock()
+    stdout = sys.stdout.buffer
+
+    def out(message: tuple[Any, ...]) -> None:
+        with write_lock:
+            try:
+                stdout.write(wire.frame(message))
+                stdout.flush()
+            except OSError:
+                pass  # the training process is gone
+
+    reader = wire.FrameReader()
+    stdin = sys.stdin.buffer.fileno()
+    agent: Agent | None = None
+    in_time = True
+    while True:
+        data = os.read(stdin, 1 << 20)
+        if not data:  # the training process ended without END: flush what arrived
+            if agent is not None:
+                agent.end(agent.settings.shutdown_timeout)
+                in_time = agent.in_time
+            break
+        done = False
+        for message in reader.feed(data):
+            if agent is None:
+                try:
+                    agent = Agent(message, out)
+                except ConfigError as err:
+                    out((wire.FAILED, "config", str(err)))
+                    os._exit(2)
+                except Exception as err:
+                    out((wire.FAILED, "error", f"{type(err).__name__}: {err}"))
+                    os._exit(2)
+                out((wire.READY,))
+                continue
+            if not agent.handle(message):
+                in_time = agent.in_time
+                done = True
+                break
+        if done:
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if in_time else 3)  # exporter threads may linger: shutdown was bounded

@@ -1,0 +1,251 @@
+"""The training process's end of the sidecar: finished steps out, requests in.
+
+The recorder calls :meth:`Feeder.pump` on the training thread when its log passes a
+few dozen entries (about every four steps of a plain loop) or a finished step waits
+(CUDA). Most pumps of a plain loop take the log's entries as they are (raw.py: one
+C-level copy and a pickle); otherwise a pump takes what finished (recording/source.py:
+boundaries applied, CUDA events resolved when they completed) and encodes it (wire.py).
+Frames go to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER``
+bytes waiting, batches are dropped and counted. A small thread pumps when the training
+thread has not for ``IDLE_PUMP_S`` (a pause, the end of training). Nothing here waits
+but :meth:`flush` and :meth:`close`, each bounded by its deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from ..recording.blocks import StepBlock, Template
+from ..recording.efficiency import EfficiencyTracker, RegionLog
+from ..recording.source import Batch, Counters, StepSource
+from ..settings import ConfigError, Settings
+from . import wire
+from .process import SidecarProcess
+from .raw import RawHandover
+
+_log = logging.getLogger("otel_train")
+PUMP_ENTRIES = 32  # log entries that make a pump due (a plain loop logs ~8 per step)
+PUMP_STEPS = 4  # finished steps that make a pump due (the CUDA path, no log)
+MAX_BUFFER = 8 << 20  # bytes waiting for the pipe before batches are dropped
+CONTROL_EVERY = 16  # pumps between reads of the sidecar's requests (a syscall each)
+WRITE_EVERY = 8  # pumps between writes to the pipe (a syscall each), unless WRITE_AT
+WRITE_AT = 32 << 10
+EXTRAS_EVERY = 16  # raw pumps between messages with counters, regions and FLOP counts
+TICK_S = 0.1  # how often the feeder's thread looks whether the training thread pumped
+IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
+START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 1-2 s)
+
+
+class SidecarUnavailable(Exception):
+    """The sidecar could not start: the session runs its worker in this process."""
+
+
+class Feeder:
+    def __init__(
+        self,
+        source: StepSource,
+        efficiency: EfficiencyTracker,
+        regions: RegionLog,
+        settings: Settings,
+        version: str,
+        offset_ns: int,
+        metrics_socket: Any | None,
+    ) -> None:
+        self.source = source
+        self.efficiency = efficiency
+        self.regions = regions
+        self._lock = threading.Lock()  # one pump at a time; a second caller skips
+        self._templates: dict[int, int] = {}  # id(template) -> key sent
+        self._template_refs: list[Template] = []  # kept alive: their ids stay unique
+        self.dropped_steps = 0
+        self.dropped_entries = 0
+        self._facts: Any = None
+        self.steps_sent = 0
+        self._pumps = 0
+        self._flush_seq = 0
+        self.stats: dict[str, Any] = {}  # the sidecar's figures at the last flush
+        self.process = SidecarProcess(metrics_socket)
+        self.handover = RawHandover(source.recorder, self.process.send)
+        self.process.send((wire.HELLO, settings, version, offset_ns, os.getpid()))
+        answer = self.process.wait_for(
+            (wire.READY, wire.FAILED), time.monotonic() + START_TIMEOUT_S
+        )
+        if answer is None or answer[0] == wire.FAILED:
+            self.process.kill()
+            if answer is not None and answer[1] == "config":
+                raise ConfigError(answer[2])
+            why = answer[2] if answer else f"no answer (exit code {self.process.proc.poll()})"
+            raise SidecarUnavailable(why)
+        source.recorder.handover = self.handover
+        self._last_pump = time.monotonic()
+        self._stop = threading.Event()
+        threading.Thread(target=self._tick, name="otel-train-feeder", daemon=True).start()
+
+    @property
+    def proc(self) -> Any:
+        return self.process.proc
+
+    @property
+    def dead(self) -> bool:
+        return self.process.dead
+
+    def _tick(self) -> None:
+        """Pump when the training thread has not for a while (it paused, or it ended)."""
+        while not self._stop.wait(TICK_S):
+            if time.monotonic() - self._last_pump >= IDLE_PUMP_S and not self.dead:
+                self.pump(idle=True)
+
+    # -- training thread ---------------------------------------------------------------
+
+    def pump(self, idle: bool = False) -> None:
+        """Hand every finished step to the sidecar (never waits)."""
+        if not self._lock.acquire(blocking=False):
+            return  # another thread pumps now: what finished goes with its batch or the next
+        try:
+            self._last_pump = time.monotonic()
+            self._pump(write=idle)
+            if idle:  # (the feeder's thread: the training thread is idle)
+                self._read_control()
+        except Exception:
+            self.process.dead = True
+            self.source.disable()
+            _log.exception("otel-train: handing steps to the sidecar failed; recording disabled")
+        finally:
+            self._lock.release()
+
+    def _pump(self, final: bool = False, write: bool = False) -> None:
+        pumps = self._pumps = self._pumps + 1
+        if pumps % CONTROL_EVERY == 0:
+            self._read_control()
+        write = write or final or pumps % WRITE_EVERY == 0
+        if self.handover.raw and not final:
+            self._pump_raw(pumps % EXTRAS_EVERY == 0)
+        else:
+            batch = self.source.take(whole_blocks=True, derive=False, keep_partial=not final)
+            if not final:
+                with self.source.recorder._lock:
+                    self.handover.try_enter()
+            self._send_batch(batch)
+        if write or self.process.queued >= WRITE_AT:
+            self.process.write()
+
+    def _pump_raw(self, extras: bool) -> None:
+        """The lean path, most pumps of a plain loop: the log's entries as they are."""
+        with self.source.recorder._lock:
+            raw = self.handover.take()
+        if raw is not None:
+            if self._full():
+                self.dropped_entries += len(raw[1])
+                # (steps begun in them: boundaries that may open one)
+                self.dropped_steps += sum(1 for e in raw[1] if e[2].__class__ is tuple and e[2][2])
+            else:
+                self.process.send((wire.RAW, raw[0], raw[1]))
+        if extras:  # counters, regions, FLOP counts
+            rec = self.source.recorder
+            counters = Counters(
+                dropped_steps=rec.dropped_steps,
+                dropped_phases=rec.dropped_phases,
+                dropped_scalars=rec.dropped_scalars,
+            )
+            self._send_batch(Batch(counters=counters))
+
+    def _full(self) -> bool:
+        return self.dead or self.process.queued > MAX_BUFFER
+
+    def _send_batch(self, batch: Batch) -> None:
+        regions = self.regions.done
+        taken_regions = [regions.popleft() for _ in range(len(regions))]
+        probe = self.efficiency.probe
+        counts: list[Any] = []
+        probe_state = None
+        if probe is not None:
+            while probe.results:
+                counts.append(probe.results.popleft())
+            probe_state = (probe.armed, probe.failed)
+        n = sum(p.k if isinstance(p, StepBlock) else len(p) for p in batch.parts)
+        if self._full():
+            self.dropped_steps += n
+            return
+        encoded = wire.encode_parts(batch.parts, self._template_key)
+        counters = wire.encode_counters(batch.counters, self.dropped_steps)
+        self.process.send((wire.BATCH, encoded, None, batch.scalars, counters, taken_regions,
+                           counts, probe_state, self._facts_if_new()))  # fmt: skip
+        self.steps_sent += n
+
+    def _template_key(self, tpl: Template) -> int:
+        key = self._templates.get(id(tpl))
+        if key is None:
+            key = self._templates[id(tpl)] = len(self._template_refs)
+            self._template_refs.append(tpl)
+            fresh = Template(tpl.kinds, tpl.start, tpl.end, tpl.rows, tpl.counts, tpl.mode,
+                             tpl.scalars, tpl.loose)  # fmt: skip
+            self.process.send((wire.TEMPLATE, key, fresh))
+        return key
+
+    def _facts_if_new(self) -> Any:
+        rec = self.source.recorder
+        cuda = rec.memory is not None or rec._cuda
+        if self._facts is not None and (self._facts[2] is not None or not cuda):
+            return None  # known (and CUDA, whose device name is a fact, is not in use yet)
+        facts = self.efficiency.facts()
+        if facts == self._facts:
+            return None
+        self._facts = facts
+        return facts
+
+    def note_model(self) -> None:
+        """A model was added: its facts go with the next batch."""
+        self._facts = None
+
+    def _read_control(self) -> None:
+        for message in self.process.read():
+            self._apply(message)
+
+    def _apply(self, message: tuple[Any, ...]) -> None:
+        if message[0] == wire.ARM and self.efficiency.probe is not None:
+            self.efficiency.probe.arm(message[1])
+        elif message[0] == wire.IDLE:
+            with self.source.recorder._lock:
+                self.handover.on_idle(*message[1:])
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's pipe ends without touching the sidecar."""
+        self._stop.set()
+        self.process.forget()
+
+    # -- flush and shutdown (bounded) ----------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        """Every step finished so far in the sidecar's metrics and exports; bounded."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._pump(final=True)
+            self._flush_seq += 1
+            seq = self._flush_seq
+            self.process.send((wire.FLUSH, seq, max(0.0, timeout_s - 0.1)))
+            while True:
+                answer = self.process.wait_for((wire.FLUSHED, wire.ARM, wire.IDLE), deadline)
+                if answer is None:
+                    return False
+                if answer[0] != wire.FLUSHED:
+                    self._apply(answer)
+                elif answer[1] == seq:
+                    self.stats = answer[2]
+                    return bool(answer[3])
+
+    def close(self, deadline: float, drain_until: float) -> bool:
+        """Hand on what resolves before ``drain_until``, then end the sidecar by
+        ``deadline`` (monotonic seconds; killed past it). True if it ended in time."""
+        self._stop.set()
+        with self._lock:
+            while True:
+                self._pump(final=True)
+                if not self.source.has_work() or time.monotonic() >= drain_until or self.dead:
+                    break
+                time.sleep(0.005)
+            self.process.send((wire.END, max(0.0, deadline - time.monotonic())))
+            return self.process.end(deadline)

@@ -1,0 +1,166 @@
+"""The sidecar as seen from the training process: a child process and its two pipes.
+
+Writes never wait: frames go to an outbox (any thread may add one), and whoever holds
+the feeder's lock moves them into a buffer and writes what the pipe takes with a
+non-blocking ``write``. The pipe is widened to 1 MiB where Linux allows. A dead sidecar
+(``EPIPE``) is reported once; what follows is dropped by the caller, which counts it.
+Only :meth:`wait_for` and :meth:`end` wait, each bounded by its deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import wire
+
+_log = logging.getLogger("otel_train")
+PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = 1031
+
+
+class SidecarProcess:
+    def __init__(self, metrics_socket: socket.socket | None) -> None:
+        pass_fds = () if metrics_socket is None else (metrics_socket.fileno(),)
+        env = dict(os.environ)
+        if metrics_socket is not None:
+            env["OTEL_TRAIN_SIDECAR_METRICS_FD"] = str(metrics_socket.fileno())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_train.sidecar"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=pass_fds,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the trainer only: it ends the sidecar
+        )
+        if metrics_socket is not None:
+            metrics_socket.close()  # the sidecar serves it now
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._w = self.proc.stdin.fileno()
+        self._r = self.proc.stdout.fileno()
+        for fd in (self._w, self._r):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        with contextlib.suppress(OSError):  # else the default 64 KiB: the buffer takes more
+            fcntl.fcntl(self._w, _F_SETPIPE_SZ, PIPE_SIZE)
+        self._out = bytearray()
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self.queued = 0  # bytes in the outbox and the buffer
+        self._control = wire.FrameReader()
+        self.dead = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Queue a frame (any thread; written by the next :meth:`write`)."""
+        data = wire.frame(message)
+        self._outbox.append(data)
+        self.queued += len(data)
+
+    def write(self) -> None:
+        """Write what the pipe takes now (the feeder's lock held)."""
+        out, outbox = self._out, self._outbox
+        while outbox:
+            out += outbox.popleft()
+        while out and not self.dead:
+            try:
+                n = os.write(self._w, out)
+            except BlockingIOError:
+                return  # the pipe is full: the rest goes with a later write
+            except OSError as err:
+                if err.errno not in (errno.EPIPE, errno.EBADF):
+                    raise
+                self._died()
+                return
+            del out[:n]
+            self.queued -= n
+
+    def _died(self) -> None:
+        self.dead = True
+        self._out.clear()
+        self._outbox.clear()
+        self.queued = 0
+        _log.warning(
+            "otel-train: the sidecar process exited (code %s); telemetry from here on is "
+            "dropped and counted, training goes on",
+            self.proc.poll(),
+        )
+
+    def read(self) -> list[tuple[Any, ...]]:
+        """The sidecar's messages that arrived (never waits)."""
+        try:
+            data = os.read(self._r, 65536)
+        except (BlockingIOError, OSError):
+            return []
+        return self._control.feed(data) if data else []
+
+    def wait_for(self, kinds: tuple[int, ...], deadline: float) -> tuple[Any, ...] | None:
+        """The first message of one of ``kinds`` (others are returned by later reads: no,
+        dropped: callers wait for answers only), or None at the deadline or the end."""
+        while not self.dead:
+            self.write()
+            for message in self.read():
+                if message[0] in kinds:
+                    return message
+            if self.proc.poll() is not None:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            select.select([self._r], [self._w] if self._out else [], [], min(left, 0.05))
+        return None
+
+    def wait_written(self, deadline: float) -> bool:
+        while (self._out or self._outbox) and not self.dead:
+            self.write()
+            left = deadline - time.monotonic()
+            if not self._out or left <= 0:
+                break
+            select.select([], [self._w], [], min(left, 0.05))
+        return not self.dead and not self._out
+
+    def end(self, deadline: float) -> bool:
+        """Close its stdin and wait for it to exit by ``deadline`` (killed past it)."""
+        written = self.wait_written(deadline)
+        self._close_pipes(stdout=False)
+        try:
+            code = self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            _log.warning("otel-train: the sidecar did not finish by the shutdown deadline")
+            return False
+        finally:
+            self._close_pipes(stdin=False)
+        return written and code == 0
+
+    def kill(self) -> None:
+        self.dead = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._close_pipes()
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's pipe ends without touching the sidecar."""
+        self.dead = True
+        self._out.clear()
+        self._outbox.clear()
+        self._close_pipes()
+        self.proc.returncode = 0  # (this child did not start it: never wait for it)
+
+    def _close_pipes(self, stdin: bool = True, stdout: bool = True) -> None:
+        for keep, pipe in ((stdin, self.proc.stdin), (stdout, self.proc.stdout)):
+            if keep and pipe is not None:
+                with contextlib.suppress(OSError):  # nothing is buffered in these files
+                    pipe.close()

@@ -1,0 +1,120 @@
+"""What crosses the pipe between the training process and its sidecar: framed messages
+of plain tuples, lists and numbers (pickle protocol 5: C code, no objects of ours).
+
+Training process -> sidecar (its stdin), one frame each:
+
+- ``(HELLO, settings, version, offset_ns, parent_pid)`` first;
+- ``(TEMPLATE, key, template)`` before the first block of a step shape;
+- ``(BATCH, parts, raw, scalars, counters, regions, counts, probe_state, facts)``:
+  finished steps (``parts``), or log entries as they are (``raw``: ``(session,
+  entries)``, sidecar/raw.py), with what goes beside them;
+- ``(RAW, session, entries)``: log entries as they are (most messages of a plain loop);
+- ``(RAW_BEGIN, session, next_index, step_stack_token)``, ``(RAW_END, session)``;
+- ``(FLUSH, seq)``: answer with ``(FLUSHED, seq)`` once every earlier batch is in
+  the metrics and its spans are exported;
+- ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget.
+
+Sidecar -> training process (its stdout): ``(READY,)`` or ``(FAILED, kind, message)``
+once its SDK is built (the training process waits for one: errors stay configure-time
+errors), ``(ARM, at_index)`` (count the FLOPs of a
+new batch shape), ``(FLUSHED, seq)``, ``(IDLE, session, position, next_index,
+step_stack_token)`` (raw.py).
+
+A frame is a 4-byte little-endian length and the pickled message.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+from ..recording.blocks import StepBlock, Template
+from ..recording.resolved import ResolvedStep
+from ..recording.source import Batch, Counters, Part
+
+HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
+READY, FAILED = range(11, 13)
+_LEN = struct.Struct("<I")
+MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
+
+
+def frame(message: tuple[Any, ...]) -> bytes:
+    body = pickle.dumps(message, protocol=5)
+    return _LEN.pack(len(body)) + body
+
+
+class FrameReader:
+    """Splits a byte stream into messages (fed whatever ``read()`` returned)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        while len(buf) - pos >= 4:
+            (n,) = _LEN.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                raise ValueError(f"otel-train sidecar: frame of {n} bytes: broken stream")
+            if len(buf) - pos - 4 < n:
+                break
+            out.append(pickle.loads(bytes(buf[pos + 4 : pos + 4 + n])))
+            pos += 4 + n
+        del buf[:pos]
+        return out
+
+
+# -- parts ------------------------------------------------------------------------------
+
+_STEPS, _BLOCK = 0, 1
+
+
+def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
+    """Parts as tuples; ``template_key(template)`` names a block's shape (sent apart)."""
+    out: list[tuple[Any, ...]] = []
+    for part in parts:
+        if isinstance(part, StepBlock):
+            times, samples, tokens, scalars = part.take_raw()
+            out.append((_BLOCK, template_key(part.template), part.first, times, samples,
+                        tokens, scalars))  # fmt: skip
+        else:
+            out.append((_STEPS, [_step(s) for s in part]))
+    return out
+
+
+def _step(s: ResolvedStep) -> tuple[Any, ...]:
+    return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.rows, s.scalars,
+            s.error, s.dev_start, s.dev_end)  # fmt: skip
+
+
+def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
+    out: list[Part] = []
+    for item in encoded:
+        if item[0] == _BLOCK:
+            _, key, first, times, samples, tokens, scalars = item
+            out.append(StepBlock.from_raw(templates[key], first, times, samples, tokens, scalars))
+            continue
+        steps = []
+        for index, h0, h1, samples, tokens, rows, scalars, error, d0, d1 in item[1]:
+            rs = ResolvedStep(index, h0, h1)
+            rs.samples, rs.tokens = samples, tokens
+            rs.rows, rs.scalars, rs.error = rows, scalars, error
+            if d0 is not None:
+                rs.dev_start, rs.dev_end = d0, d1
+                rs.finish()
+            steps.append(rs)
+        out.append(steps)
+    return out
+
+
+def encode_counters(c: Counters, dropped_handover: int) -> tuple[Any, ...]:
+    return (c.pending, c.dropped_steps, c.dropped_phases, c.dropped_scalars, c.memory_total,
+            dropped_handover)  # fmt: skip
+
+
+def decode_batch(message: tuple[Any, ...], templates: dict[Any, Template]) -> Batch:
+    _, parts, _raw, scalars, counters, *_ = message
+    return Batch(decode_parts(parts or [], templates), scalars, Counters(*counters))

@@ -1,0 +1,90 @@
+"""The consumer side wired once: batches of finished steps in; metrics, console tables
+and spans out.
+
+The same wiring runs in one of two places (docs/rationale.md, "Where the work runs"):
+a thread of the training process when the application passes its own providers (the
+spans and metrics must reach those objects), or the sidecar process when otel-train
+configures the SDK itself (otel_train/sidecar/). Every part is passed in at
+construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from . import contract as c
+from .export.setup import Telemetry
+from .recording.aggregate import MetricsAggregator
+from .recording.console import ConsoleReporter
+from .recording.efficiency import EfficiencyTracker
+from .recording.instruments import Publisher
+from .recording.sampling import StepSampler
+from .recording.spans import SpanEmitter
+from .recording.worker import Worker
+from .settings import Settings
+
+_PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
+
+
+@dataclass
+class Consumer:
+    aggregator: MetricsAggregator
+    publisher: Publisher | None
+    worker: Worker
+
+
+def build_consumer(
+    settings: Settings,
+    telemetry: Telemetry,
+    source: Any,
+    efficiency: EfficiencyTracker | None,
+    version: str,
+    rank: int,
+    offset_ns: int,
+    debug: Any = None,
+) -> Consumer:
+    """``source``: where batches come from (recording/source.py's interface)."""
+    t = telemetry
+    aggregator = MetricsAggregator()
+    publisher: Publisher | None = None
+    if t.meter_provider is not None:
+        if t.bridge is not None:
+            t.bridge.aggregator = aggregator
+        meter = t.meter_provider.get_meter(c.SCOPE_NAME, version)
+        publisher = Publisher(meter, aggregator, histograms_via_api=t.bridge is None)
+        # Instruments cannot be removed from a provider: a finished session's keep
+        # reporting their final values until a new session on that provider starts.
+        previous = _PUBLISHERS.get(t.meter_provider)
+        if previous is not None:
+            previous.closed = True
+        _PUBLISHERS[t.meter_provider] = publisher
+    emitter = None
+    if t.tracer_provider is not None and settings.trace_steps != "none":
+        tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version)
+        emitter = SpanEmitter(tracer, rank, offset_ns)
+        if debug is not None:
+            emitter.step_events = debug.step_events
+    sampler = StepSampler(
+        settings.trace_steps,
+        settings.trace_window,
+        settings.trace_window_seconds,
+        settings.trace_slowest,
+    )
+    if debug is not None:
+        sampler.always = debug.wants_trace
+    console = ConsoleReporter(settings.console_every, settings.console)
+    console.efficiency = efficiency
+    worker = Worker(
+        source,
+        aggregator,
+        publisher,
+        emitter,
+        sampler,
+        console,
+        settings.throughput_window,
+        export_drops=t.health.counts if t.health is not None else None,
+        efficiency=efficiency,
+    )
+    return Consumer(aggregator, publisher, worker)

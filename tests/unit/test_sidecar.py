@@ -1,0 +1,145 @@
+"""The sidecar process (otel_train/sidecar/): what otel-train configures itself runs
+beside the training process, and training never depends on it.
+
+Each test trains a real loop in this process with its own SDK (no providers passed),
+so a real ``python -m otel_train.sidecar`` serves /metrics; figures are read back by
+scraping it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from otel_helpers import tiny_loader, tiny_model, train_epoch
+from prometheus_client.parser import text_string_to_metric_families
+
+import otel_train
+from otel_train import contract as c
+from otel_train import session as session_mod
+
+
+def scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    host, port = address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k.startswith("phase")))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def steps_total(address: tuple[str, int], want: int, timeout_s: float = 15.0) -> float:
+    """``otel_train_steps_total`` once it reaches ``want`` (or the last value seen)."""
+    name = c.prometheus_names(c.STEPS, source="scrape")[0]
+    deadline = time.monotonic() + timeout_s
+    value = -1.0
+    while time.monotonic() < deadline:
+        value = scrape(address).get((name, ()), -1.0)
+        if value >= want:
+            return value
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def own_sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    otel_train.shutdown()
+
+
+def _started(**settings: Any) -> tuple[Any, Any, Any, Any]:
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, prometheus_port=0, console="off", **settings
+    )
+    sess = session_mod.current()
+    assert sess is not None and sess.feeder is not None, "own SDK: a sidecar serves it"
+    return sess, model, opt, loader
+
+
+def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
+    """A plain loop's log goes out unapplied (raw); asking for the open step mid-run makes
+    the recorder catch up here. Every step is counted once, with every phase."""
+    sess, model, opt, loader = _started()
+    epochs = 4
+    for _ in range(epochs):
+        train_epoch(model, opt, loader)
+    handover = sess.feeder.handover
+    deadline = time.monotonic() + 10
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader)  # (the FLOP count's steps run applied here)
+        epochs += 1
+    assert handover.raw, "a plain loop's log went out raw"
+    time.sleep(0.3)  # the sidecar reports an idle point: what was sent before it is let go
+    train_epoch(model, opt, loader)
+    assert sess.recorder.current_step is None  # between steps, once caught up
+    assert handover.left >= 1 and not handover.raw and handover.caught_up > 0
+    assert sess.recorder._next_index == (epochs + 1) * len(loader)
+    for _ in range(3):
+        train_epoch(model, opt, loader)
+    trained = (epochs + 4) * len(loader)
+    address = sess.prometheus_address
+    assert steps_total(address, trained) == trained
+    figures = scrape(address)
+    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert figures[(count, (("phase", phase),))] == trained, phase
+
+
+def test_training_goes_on_when_the_sidecar_dies(
+    own_sdk: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    sess, model, opt, loader = _started(shutdown_timeout=2.0)
+    train_epoch(model, opt, loader)
+    sess.feeder.proc.kill()
+    sess.feeder.proc.wait()
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(20):
+            train_epoch(model, opt, loader)  # never raises, never blocks
+        assert sess.recorder.enabled
+        started = time.monotonic()
+        otel_train.shutdown()
+        assert time.monotonic() - started < 2.5
+    exited = [r for r in caplog.records if "sidecar process exited" in r.getMessage()]
+    assert len(exited) == 1
+    feeder = sess.feeder
+    assert feeder.dead and feeder.dropped_steps + feeder.dropped_entries > 0
+
+
+def test_shutdown_keeps_its_deadline_with_the_sidecar_stopped(own_sdk: None) -> None:
+    sess, model, opt, loader = _started(shutdown_timeout=1.0)
+    train_epoch(model, opt, loader)
+    os.kill(sess.feeder.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(5):
+            train_epoch(model, opt, loader)
+        started = time.monotonic()
+        assert otel_train.shutdown() is False  # not in time: the sidecar was killed
+        assert time.monotonic() - started < 1.5
+        assert sess.feeder.proc.returncode is not None
+    finally:
+        if sess.feeder.proc.poll() is None:
+            os.kill(sess.feeder.proc.pid, signal.SIGKILL)
+
+
+def test_sidecar_off_keeps_the_work_on_a_thread(own_sdk: None) -> None:
+    model, opt = tiny_model()
+    otel_train.instrument(model, optimizer=opt, prometheus_port=0, console="off", sidecar="off")
+    sess = session_mod.current()
+    assert sess is not None and sess.feeder is None and sess.worker is not None
