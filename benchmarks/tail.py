@@ -10,7 +10,9 @@ process each, ``--rounds`` times:
 - ``default``: ``otel_train.instrument()`` at defaults with no endpoint (console tables
   to a discarded stderr, ``/metrics`` on a free port);
 - ``otlp``: the same, exporting OTLP/HTTP to the Collector of ``scripts/stack``;
-- ``otlp-all``: ``otlp`` with ``trace_steps="all"``.
+- ``otlp-all``: ``otlp`` with ``trace_steps="all"``;
+- ``default-thread``, ``otlp-all-thread`` (not run unless named in ``--variants``): the
+  same with ``sidecar="off"``, the worker on a thread of the training process.
 
 It prints p50, p99, p99.9 and the worst step of each variant with its ratio to the
 same round's plain run, and the generation-2 collections beside plain's. The OTLP
@@ -35,18 +37,23 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-VARIANTS = ("plain", "default", "otlp", "otlp-all")
+VARIANTS = ("plain", "default", "otlp", "otlp-all", "default-thread", "otlp-all-thread")
 QUANTILES = (("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999))
 
 
-def _env(variant: str, endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTEL_TRAIN_"))}
+def _env(variant: str, endpoint: str, extra: list[str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["OTEL_EXPORTER_PROMETHEUS_PORT"] = "0"  # never clash with a running job or stack
     if variant.startswith("otlp"):
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
         env["OTEL_SERVICE_NAME"] = f"tail-{variant}"
-    if variant == "otlp-all":
+    if variant.startswith("otlp-all"):
         env["OTEL_TRAIN_TRACE_STEPS"] = "all"
+    if variant.endswith("-thread"):
+        env["OTEL_TRAIN_SIDECAR"] = "off"  # the worker on a thread of this process
+    for item in extra:
+        key, _, value = item.partition("=")
+        env[key] = value
     return env
 
 
@@ -130,7 +137,7 @@ def _spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         [sys.executable, __file__, "--one", variant, "--steps", str(args.steps),
          "--warmup", str(args.warmup), "--warmup-seconds", str(args.warmup_seconds)],
         check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env=_env(variant, args.endpoint),
+        env=_env(variant, args.endpoint, args.env if variant != "plain" else []),
     )  # fmt: skip
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -141,8 +148,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--warmup-seconds", type=float, default=5.0)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="plain,default,otlp,otlp-all")
     ap.add_argument("--endpoint", default="http://127.0.0.1:4318")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for the instrumented variants")  # fmt: skip
     ap.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
