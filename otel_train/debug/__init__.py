@@ -7,9 +7,8 @@
   recorded over a window of steps or armed for out-of-memory errors; the snapshot is
   dumped and its path attached to the failing span before the error reaches you.
 
-Each module imports only torch, the OpenTelemetry API and ``otel_train/identity.py``
-(standard library only, for the rank in file names; loaded by its path when a module
-is loaded on its own, as a test does, without the rest of otel-train).
+Each module imports only torch and the OpenTelemetry API (a test loads them on their
+own, without the rest of otel-train); the rank in their file names is passed in.
 ``instrument()`` switches them on from the ``profile_steps``, ``memory_snapshot`` and
 ``debug_dir`` settings.
 """

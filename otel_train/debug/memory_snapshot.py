@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from opentelemetry import trace
@@ -45,25 +45,6 @@ SNAPSHOT_PATH = "otel_train.memory_snapshot.path"
 SNAPSHOT_REASON = "otel_train.memory_snapshot.reason"
 
 
-def _load_identity() -> Any:
-    """identity.py (standard library only) by its path: this module was loaded by its
-    own path, without the package (see debug/__init__.py)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "identity.py"
-    spec = importlib.util.spec_from_file_location("identity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-if TYPE_CHECKING or __package__:
-    from .. import identity
-else:
-    identity = _load_identity()
-
-
 class MemorySnapshot:
     """Record CUDA allocator history for a step window and/or dump it on OOM."""
 
@@ -76,7 +57,9 @@ class MemorySnapshot:
         max_entries: int = 100_000,
         stacks: str = "python",
         max_dumps: int = 5,
+        rank: int = 0,
     ) -> None:
+        """``rank``: the process's rank, for the snapshot files' names."""
         if steps is not None and (steps[0] < 0 or steps[1] < steps[0]):
             raise ValueError(f"steps must be (first, last) with 0 <= first <= last, got {steps}")
         self.directory = Path(directory)
@@ -85,6 +68,7 @@ class MemorySnapshot:
         self.max_entries = max_entries
         self.stacks = stacks  # "python" is cheaper per allocation than "all" (C++ frames too)
         self.max_dumps = max_dumps
+        self.rank = rank
         self._oom_dumps = 0
         self._pending_oom: str | None = None  # dumped by the observer, not yet linked
         self.recording = False
@@ -131,7 +115,7 @@ class MemorySnapshot:
             return None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            rank, pid = identity.rank(), os.getpid()
+            rank, pid = self.rank, os.getpid()
             name = f"memory-{reason}-{len(self.paths)}.rank{rank}.pid{pid}.pickle"
             path = str((self.directory / name).resolve())
             torch.cuda.memory._dump_snapshot(path)  # type: ignore[no-untyped-call]

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from opentelemetry import trace
@@ -48,25 +48,6 @@ def parse_steps(text: str) -> tuple[int, int]:
     return a, b
 
 
-def _load_identity() -> Any:
-    """identity.py (standard library only) by its path: this module was loaded by its
-    own path, without the package (see debug/__init__.py)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "identity.py"
-    spec = importlib.util.spec_from_file_location("identity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-if TYPE_CHECKING or __package__:
-    from .. import identity
-else:
-    identity = _load_identity()
-
-
 class ProfilerWindow:
     """Profile steps ``first`` to ``last`` (inclusive) into one trace file."""
 
@@ -81,13 +62,15 @@ class ProfilerWindow:
         profile_memory: bool = False,
         with_stack: bool = False,
         link_current_span: bool = True,
+        rank: int = 0,
     ) -> None:
+        """``rank``: the process's rank, for the trace file's name."""
         if first < 0 or last < first:
             raise ValueError(f"need 0 <= first <= last, got first={first} last={last}")
         self.first = first
         self.last = last
         self.directory = Path(directory)
-        name = f"profile-steps{first}-{last}.rank{identity.rank()}.pid{os.getpid()}.pt.trace.json"
+        name = f"profile-steps{first}-{last}.rank{rank}.pid{os.getpid()}.pt.trace.json"
         self.path = str((self.directory / name).resolve())
         if activities is None:
             activities = [torch.profiler.ProfilerActivity.CPU]

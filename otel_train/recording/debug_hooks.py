@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .. import identity
 from ..debug.memory_snapshot import MemorySnapshot
 from ..debug.profiler_window import ProfilerWindow
 from ..settings import ConfigError, Settings
@@ -98,7 +99,9 @@ def build_debug_hooks(settings: Settings) -> DebugHooks | None:
     profiler = None
     if settings.profile_steps is not None:
         first, last = settings.profile_steps
-        profiler = ProfilerWindow(first, last, settings.debug_dir, link_current_span=False)
+        profiler = ProfilerWindow(
+            first, last, settings.debug_dir, link_current_span=False, rank=identity.rank()
+        )
     snapshot = None
     mode = settings.memory_snapshot
     if mode != "off":
@@ -108,7 +111,9 @@ def build_debug_hooks(settings: Settings) -> DebugHooks | None:
                 "accepted values without CUDA: 'off'"
             )
         window = None if mode == "oom" else _window(mode)
-        snapshot = MemorySnapshot(settings.debug_dir, steps=window, on_oom=window is None)
+        snapshot = MemorySnapshot(
+            settings.debug_dir, steps=window, on_oom=window is None, rank=identity.rank()
+        )
     if profiler is None and snapshot is None:
         return None
     return DebugHooks(profiler, snapshot)

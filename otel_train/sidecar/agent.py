@@ -270,7 +270,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # training comes first when both want a core
-        os.nice(int(os.environ.get("OTEL_TRAIN_SIDECAR_NICE", NICE)))
+        os.nice(NICE)
     logging.basicConfig(format="%(message)s")
     write_lock = threading.Lock()
     stdout = sys.stdout.buffer
