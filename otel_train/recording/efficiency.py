@@ -147,6 +147,7 @@ class EfficiencyTracker:
         self._cost_pending: CountResult | None = None
         self._after_count: list[float] = []
         self.count_cost: float | None = None
+        self.count_typical: float | None = None  # the median step the cost is taken against
         self.peak: Peak | None = None
         self._peak_known = False
         self._dtype = ""
@@ -220,6 +221,7 @@ class EfficiencyTracker:
                 after = self._after_count
                 after.append(host_s)
                 typical = sorted(after)[len(after) // 2]
+                self.count_typical = typical
                 self.count_cost = max(0.0, self._cost_pending.seconds - typical)
                 agg.set(c.FLOPS_COUNT_COST.name, (), self.count_cost)
                 if len(after) >= COST_BASELINE_STEPS:
@@ -526,8 +528,13 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         text += f" ({shape})" if shape else ""
         text += f", matmuls in {r.dtype}" if r.dtype else ""
         text += f"; counting step took {fmt_seconds(r.seconds)}"
-        if tracker.count_cost is not None and r is tracker.count_results[0]:
-            text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step)"
+        typical = tracker.count_typical
+        if tracker.count_cost is not None and typical is not None and r is tracker.count_results[0]:
+            if tracker.count_cost > 0:
+                text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step of "
+                text += f"{fmt_seconds(typical)})"
+            else:  # the steps after it were as slow or slower (an evaluation among them)
+                text += f", no slower than a typical step ({fmt_seconds(typical)})"
         lines.append(text)
     if tracker.step_total > 0:
         lines.append(f"  data stall {100.0 * tracker.data_total / tracker.step_total:.1f}% "

@@ -7,6 +7,7 @@ injected with ``time.sleep``.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from typing import Any
@@ -466,3 +467,45 @@ def test_a_count_cut_short_leaves_no_dispatch_mode_behind(how: str) -> None:
         assert torch._C._len_torch_dispatch_stack() == 0
     otel_train.shutdown()
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+class _CountedOnce:
+    """A FLOP probe that has counted step 1 (what the training thread's probe hands on)."""
+
+    def __init__(self, seconds: float) -> None:
+        from otel_train.recording.flops import CountResult
+
+        self.results = collections.deque([CountResult(1, 8, None, 1_000_000, "fp32", seconds)])
+        self.armed = False
+        self.failed = False
+
+    def arm(self, at_index: int = 0) -> None:
+        self.armed = True
+
+
+@pytest.mark.parametrize(("counted_s", "later_s"), [(0.200, 0.050), (0.199, 0.250)])
+def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: float) -> None:
+    """The summary gives the counting step's extra time over the typical step it was
+    compared with, and says so plainly when the steps after it were slower."""
+    from otel_train.recording.aggregate import MetricsAggregator
+    from otel_train.recording.console import fmt_seconds
+    from otel_train.recording.efficiency import EfficiencyTracker, RegionLog, summary_lines
+    from otel_train.recording.resolved import ResolvedStep
+    from otel_train.settings import Settings
+
+    settings = Settings.resolve({"peak_tflops": 1.0})
+    tracker = EfficiencyTracker(settings, None, RegionLog(), 20, probe=_CountedOnce(counted_s))
+    agg = MetricsAggregator()
+    t = 0
+    for index, seconds in enumerate([0.1, counted_s] + [later_s] * 5):
+        step = ResolvedStep(index, t, t + int(seconds * 1e9))
+        step.samples = 8
+        t += int(seconds * 1e9)
+        tracker.observe(step, agg)
+    line = next(x for x in summary_lines(tracker, fmt_seconds) if "counting step took" in x)
+    assert "+0.0" not in line and "+0 " not in line
+    if counted_s > later_s:
+        extra = fmt_seconds(counted_s - later_s)
+        assert f"(+{extra} over a typical step of {fmt_seconds(later_s)})" in line
+    else:
+        assert f"no slower than a typical step ({fmt_seconds(later_s)})" in line
