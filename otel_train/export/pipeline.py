@@ -59,6 +59,11 @@ class ExportHealth(logging.Filter):
         self._local = threading.local()
         self._lock = threading.Lock()
 
+    def outage(self) -> bool:
+        """Whether exports are failing now: one failed, or an export under way has logged
+        a retry (the first export of an outage can retry for a minute before it fails)."""
+        return self.down or bool(self.first_message)
+
     def counts(self) -> dict[str, int]:
         """Drops by ``otel_train.dropped`` reason."""
         return {

@@ -43,6 +43,7 @@ _log = logging.getLogger("otel_train")
 # Meter providers whose readers carry our histogram bridge.
 _BRIDGES: WeakKeyDictionary[Any, HistogramBridge] = WeakKeyDictionary()
 
+OUTAGE_SHUTDOWN_S = 1.0  # shutdown's flush budget while an export outage is known
 _TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _METRIC_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
 
@@ -67,6 +68,10 @@ class Telemetry:
             server.server_close()
         if not self.owned:
             return True
+        if self.health is not None and self.health.outage():
+            # Exports are failing now: a flush would spend the whole budget on retries
+            # that fail too. Try for at most OUTAGE_SHUTDOWN_S, drop (and count) the rest.
+            timeout_s = min(timeout_s, OUTAGE_SHUTDOWN_S)
         done = threading.Event()
 
         def close() -> None:

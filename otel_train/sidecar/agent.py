@@ -139,8 +139,15 @@ class RemoteSource:
         token = tokens.get(id(stack)) if stack is not None else None
         self._out((wire.IDLE, self.session, position, rep._next_index, token))
 
+    def finish(self) -> None:
+        """The end: apply what the replica still holds, a partial last step included."""
+        with self._lock:
+            if self.session is not None:
+                self._batches.append(self._replica_take(keep_partial=False))
+
     def has_work(self) -> bool:
-        return bool(self._batches) or bool(self.replica._log) or bool(self.replica._pending)
+        # (a partial step kept in the replica's log is not work until finish())
+        return bool(self._batches)
 
     def backlog_due(self) -> bool:
         return len(self._batches) >= 64
@@ -256,6 +263,7 @@ class Agent:
 
     def end(self, budget_s: float) -> None:
         deadline = time.monotonic() + max(0.0, budget_s - 0.2)  # kept for the exit itself
+        self.source.finish()
         self.worker.stop(time.monotonic() + (deadline - time.monotonic()) / 2)
         if self.settings.console != "off":
             try:
