@@ -61,7 +61,9 @@ def configure(
     *, tracer_provider: Any = None, meter_provider: Any = None, **settings: Any
 ) -> session.Session:
     """Start (or return) the process's telemetry session with these settings."""
-    return session.get_or_create(settings, tracer_provider, meter_provider)
+    return session.get_or_create(
+        settings, tracer_provider, meter_provider, origin="otel_train.configure()"
+    )
 
 
 def instrument(
@@ -89,7 +91,9 @@ def instrument(
         step=step,
         count_batch=count_batch,
     )
-    sess = session.get_or_create(settings, tracer_provider, meter_provider)
+    sess = session.get_or_create(
+        settings, tracer_provider, meter_provider, origin="otel_train.instrument()"
+    )
     existing = sess.instrumentations.get(id(target))
     if existing is not None and existing.active and existing.target is target:
         warnings.warn(

@@ -49,6 +49,7 @@ class Session:
     ) -> None:
         self.settings = settings
         self.given_providers = (tracer_provider, meter_provider)
+        self.origin = "otel_train.configure()"  # what started it (get_or_create sets it)
         self.recorder = Recorder(settings)
         self.recorder.debug = debug = build_debug_hooks(settings)
         self.regions = RegionLog()
@@ -210,22 +211,38 @@ def get_or_create(
     overrides: dict[str, Any] | None = None,
     tracer_provider: Any | None = None,
     meter_provider: Any | None = None,
+    origin: str = "a step(), phase(), record() or region() call before any instrument()",
 ) -> Session:
+    """The live session, or a new one; ``origin`` names the call, for the error a later
+    call with other settings gets."""
     global _current
     with _lock:
         settings = Settings.resolve(overrides or {})
         session = _current
         if session is not None and not session.closed:
-            if not session.matches(
-                settings if overrides else None, tracer_provider, meter_provider
-            ):
+            conflicts = _conflicts(session, overrides or {}, settings)
+            if conflicts or not session.matches(None, tracer_provider, meter_provider):
+                what = "; ".join(conflicts) or "other tracer or meter providers"
                 raise ConfigError(
-                    "otel-train is already configured in this process with other settings or "
-                    "providers; call otel_train.shutdown() before configuring it again"
+                    "otel-train is already configured in this process (started by "
+                    f"{session.origin}) with other settings or providers: {what}; call "
+                    "otel_train.shutdown() "
+                    "before configuring it again, or pass the same values"
                 )
             return session
         _current = Session(settings, tracer_provider, meter_provider)
+        _current.origin = origin
         return _current
+
+
+def _conflicts(session: Session, overrides: dict[str, Any], settings: Settings) -> list[str]:
+    """The settings given now whose values differ from the live session's."""
+    out = []
+    for name in overrides:
+        now, then = getattr(settings, name), getattr(session.settings, name)
+        if now != then:
+            out.append(f"setting '{name}' is {then!r} there, {now!r} here")
+    return out
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
