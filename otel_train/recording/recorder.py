@@ -360,6 +360,11 @@ class Recorder:
         """Whether entries went to the sidecar unapplied here (sidecar/raw.py)."""
         return self.handover is not None and bool(self.handover.raw)
 
+    def _catch_up(self) -> None:
+        """Apply here what went to the sidecar unapplied (the lock is held)."""
+        if self._raw_out():
+            self.handover.leave_raw()
+
     def on_backlog(self, take: Any, entries: int, steps: int) -> None:
         """Call ``take()`` (on the recording thread, with no lock held) once the log holds
         more than ``entries`` entries or ``steps`` finished steps wait: how a feeder in
@@ -385,8 +390,7 @@ class Recorder:
         if not self._log or not self._defer or not self.blocks:
             return out
         with self._lock:
-            if self.handover is not None and self.handover.raw:
-                self.handover.leave_raw()
+            self._catch_up()
             log = self._log
             # Entries the training thread appends meanwhile wait for the next call. (Those
             # taken here are applied before the lock is released: current_step waits.)
@@ -533,8 +537,7 @@ class Recorder:
 
     def _settle(self, limit: int = -1) -> None:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
-        if self.handover is not None and self.handover.raw:
-            self.handover.leave_raw()  # the state first: what the sidecar was sent raw
+        self._catch_up()  # the state first: what the sidecar was sent raw
         log = self._log
         popleft = log.popleft
         replay = self._replay
