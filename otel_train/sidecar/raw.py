@@ -112,9 +112,12 @@ class RawHandover:
         rec._next_index, rec.step_stack = self._idle
         rec._current = None
         loose = len(rec.loose_scalars)
+        # The sidecar's replica counts what these entries drop: do not count it twice.
+        dropped = rec.dropped_steps, rec.dropped_phases
         replay = rec._replay
         for entry in self._unapplied:
             replay(entry)
+        rec.dropped_steps, rec.dropped_phases = dropped
         self.caught_up += len(self._unapplied)
         self._unapplied.clear()
         while rec._pending:  # finished in the sidecar's replica from the same entries
