@@ -66,22 +66,18 @@ class StepSource:
         for before, block in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
-            if derive:
-                block.columns()
-                parts.append(block if whole_blocks else block.steps())
-            else:
-                parts.append(block)
+            parts.append(finished(block, whole_blocks) if derive else block)
         tail = self._take_resolved(keep_partial)
         if tail:
             parts.append(tail)
         batch.scalars = self._loose_scalars()
         mem = rec.memory
         batch.counters = Counters(
-            rec.pending_count,
-            rec.dropped_steps,
-            rec.dropped_phases,
-            rec.dropped_scalars,
-            mem.total_bytes if mem is not None else None,
+            pending=rec.pending_count,
+            dropped_steps=rec.dropped_steps,
+            dropped_phases=rec.dropped_phases,
+            dropped_scalars=rec.dropped_scalars,
+            memory_total=mem.total_bytes if mem is not None else None,
         )
         return batch
 
@@ -161,6 +157,15 @@ class StepSource:
                 values.append((name, v))
         loose.extend(keep)
         return values
+
+
+def finished(part: Part, whole_blocks: bool) -> Part:
+    """A part as the worker takes it: a block with its columns derived (kept whole, or
+    as its resolved steps); a list of resolved steps as it is."""
+    if not isinstance(part, StepBlock):
+        return part
+    part.columns()
+    return part if whole_blocks else part.steps()
 
 
 def _completed(step: OpenStep) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -24,10 +25,10 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import build_own
-from ..recording.blocks import StepBlock, Template
+from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker, RegionLog
 from ..recording.recorder import Recorder, replica_stacks, stack_of
-from ..recording.source import Batch, Counters, StepSource
+from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
@@ -54,23 +55,25 @@ class RemoteSource:
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._drained = 0.0
 
-    def push(self, batch: Batch | None, raw: Any) -> None:
+    def push(self, batch: Batch) -> None:
         with self._lock:
-            if self.disabled:
-                return
-            if batch is not None:
+            if not self.disabled:
                 self._batches.append(batch)
-            if raw is not None and raw[0] == self.session:
-                self.replica._log.extend(raw[1])
-                self._appended += len(raw[1])
-                # The training process keeps what was sent since the last idle point
-                # this reports: apply and report every REPORT_S (not per message: this
-                # process's CPU is the training node's too).
-                now = time.monotonic()
-                if now - self._drained >= REPORT_S:
-                    self._drained = now
-                    self._batches.append(self._replica_take(keep_partial=True))
-                    self._report_idle()
+
+    def push_raw(self, session: int, entries: list[Any]) -> None:
+        with self._lock:
+            if self.disabled or session != self.session:
+                return
+            self.replica._log.extend(entries)
+            self._appended += len(entries)
+            # The training process keeps what was sent since the last idle point this
+            # reports: apply and report every REPORT_S (not per message: this process's
+            # CPU is the training node's too).
+            now = time.monotonic()
+            if now - self._drained >= REPORT_S:
+                self._drained = now
+                self._batches.append(self._replica_take(keep_partial=True))
+                self._report_idle()
 
     def _replica_take(self, keep_partial: bool) -> Batch:
         batch = self._replica_source.take(True, derive=False, keep_partial=keep_partial)
@@ -107,23 +110,13 @@ class RemoteSource:
             batches, self._batches = self._batches, collections.deque()
         extra = self.replica
         for batch in batches:
-            for part in batch.parts:
-                if isinstance(part, StepBlock):
-                    part.columns()
-                    out.parts.append(part if whole_blocks else part.steps())
-                elif part:
-                    out.parts.append(part)
+            out.parts.extend(finished(part, whole_blocks) for part in batch.parts if part)
             out.scalars.extend(batch.scalars)
             if batch.counters is not _REPLICA:
                 self.counters = batch.counters
         c = self.counters
-        out.counters = Counters(
-            c.pending,
-            c.dropped_steps,
-            c.dropped_phases + extra.dropped_phases,
-            c.dropped_scalars,
-            c.memory_total,
-            c.dropped_handover,
+        out.counters = dataclasses.replace(
+            c, dropped_phases=c.dropped_phases + extra.dropped_phases
         )
         return out
 
@@ -204,7 +197,7 @@ class Agent:
         if kind == wire.TEMPLATE:
             self.templates[message[1]] = message[2]
         elif kind == wire.BATCH:
-            _, _, _, _, _, regions, counts, probe_state, facts = message
+            _, _, _, _, regions, counts, probe_state, facts = message
             if facts is not None:
                 self.efficiency.model_facts = facts
                 self.efficiency._params = None
@@ -213,9 +206,9 @@ class Agent:
                 if probe_state is not None:
                     self.probe.armed, self.probe.failed = probe_state
             self.regions.done.extend(regions)
-            self.source.push(wire.decode_batch(message, self.templates), None)
+            self.source.push(wire.decode_batch(message, self.templates))
         elif kind == wire.RAW:
-            self.source.push(None, message[1:])
+            self.source.push_raw(message[1], message[2])
         elif kind == wire.RAW_BEGIN:
             self.source.raw_begin(*message[1:])
         elif kind == wire.RAW_END:

@@ -172,7 +172,7 @@ class Feeder:
             return
         encoded = wire.encode_parts(batch.parts, self._template_key)
         counters = wire.encode_counters(batch.counters, self.dropped_steps)
-        self.process.send((wire.BATCH, encoded, None, batch.scalars, counters, taken_regions,
+        self.process.send((wire.BATCH, encoded, batch.scalars, counters, taken_regions,
                            counts, probe_state, self._facts_if_new()))  # fmt: skip
         self.steps_sent += n
 

@@ -5,13 +5,12 @@ Training process -> sidecar (its stdin), one frame each:
 
 - ``(HELLO, settings, version, offset_ns, parent_pid)`` first;
 - ``(TEMPLATE, key, template)`` before the first block of a step shape;
-- ``(BATCH, parts, raw, scalars, counters, regions, counts, probe_state, facts)``:
-  finished steps (``parts``), or log entries as they are (``raw``: ``(session,
-  entries)``, sidecar/raw.py), with what goes beside them;
+- ``(BATCH, parts, scalars, counters, regions, counts, probe_state, facts)``:
+  finished steps (``parts``) with what goes beside them;
 - ``(RAW, session, entries)``: log entries as they are (most messages of a plain loop);
 - ``(RAW_BEGIN, session, next_index, step_stack_token)``, ``(RAW_END, session)``;
-- ``(FLUSH, seq)``: answer with ``(FLUSHED, seq)`` once every earlier batch is in
-  the metrics and its spans are exported;
+- ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
+  earlier batch is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget.
 
 Sidecar -> training process (its stdout): ``(READY,)`` or ``(FAILED, kind, message)``
@@ -110,11 +109,13 @@ def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template])
     return out
 
 
-def encode_counters(c: Counters, dropped_handover: int) -> tuple[Any, ...]:
-    return (c.pending, c.dropped_steps, c.dropped_phases, c.dropped_scalars, c.memory_total,
-            dropped_handover)  # fmt: skip
+def encode_counters(c: Counters, dropped_handover: int) -> dict[str, Any]:
+    """The recorder's counters by name, with the feeder's own drops."""
+    out = {name: getattr(c, name) for name in Counters.__dataclass_fields__}
+    out["dropped_handover"] = dropped_handover
+    return out
 
 
 def decode_batch(message: tuple[Any, ...], templates: dict[Any, Template]) -> Batch:
-    _, parts, _raw, scalars, counters, *_ = message
-    return Batch(decode_parts(parts or [], templates), scalars, Counters(*counters))
+    _, parts, scalars, counters, *_ = message
+    return Batch(decode_parts(parts or [], templates), scalars, Counters(**counters))
