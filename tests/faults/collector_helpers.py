@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -228,3 +229,17 @@ def run_job(
     )
     assert done.returncode == 0, done.stderr
     return done
+
+
+def collector_down(warmup: int, steps: int, timeout_s: float) -> dict[str, Any]:
+    """``benchmarks/collector_down.py`` run to its end: its JSON figures (printed too)."""
+    done = run_job(
+        [str(ROOT / "benchmarks" / "collector_down.py"), "--warmup", str(warmup), "--steps",
+         str(steps), "--timeout", str(timeout_s)],
+        None,
+        timeout=600,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    print("\n" + json.dumps(result))
+    return result

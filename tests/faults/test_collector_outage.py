@@ -17,6 +17,7 @@ from typing import Any
 
 from collector_helpers import (
     ROOT,
+    collector_down,
     free_port,
     job_env,
     metric_points,
@@ -183,14 +184,7 @@ def test_shutdown_with_the_collector_down_returns_by_its_deadline(tmp_path: Path
 def test_shutdown_spends_at_most_a_second_once_an_outage_is_known() -> None:
     """The Collector absent for the whole run: shutdown() does not wait out its 5 s
     deadline on retries that cannot succeed, and what it drops is still counted."""
-    done = run_job(
-        [str(ROOT / "benchmarks" / "collector_down.py"), "--warmup", "500", "--steps", "1500",
-         "--timeout", "5"],
-        None,
-        timeout=300,
-    )  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    print("\n" + json.dumps(result))
+    result = collector_down(500, 1500, 5)
     assert result["shutdown_in_time"] is False  # it had to drop
     assert result["dropped"]["span_queue"] + result["dropped"]["export"] > 0, result
     # At most OUTAGE_SHUTDOWN_S (1 s) for the flush; the slack absorbs the drain and the
