@@ -1,8 +1,10 @@
 """Tail latency of training steps: plain against otel-train, one process per run.
 
 Each process trains a 64-256-64 MLP (batch 32, SGD, one torch thread, about 0.3 ms a
-step), warms up for ``--warmup`` steps, then records the wall time of every one of
-``--steps`` steps (from the batch fetch to the end of ``optimizer.step()``) and every
+step), warms up for ``--warmup`` steps and at least ``--warmup-seconds`` (a long run's
+steady state: the sidecar process starts in about 2 s), then records the wall time of
+every one of ``--steps`` steps (``zero_grad`` to the end of ``optimizer.step()``; the
+loader's fetch, timed by otel-train as the data phase, is outside it) and every
 generation-2 garbage collection (``gc.callbacks``). Variants run interleaved, one fresh
 process each, ``--rounds`` times:
 
@@ -21,6 +23,7 @@ they are skipped with a note when nothing listens there. Nothing here asserts: t
 targets are read off the figures.
 
 Usage: python benchmarks/tail.py [--rounds 2] [--steps 10000] [--warmup 500]
+       [--warmup-seconds 5]
        [--variants plain,default,otlp,otlp-all] [--endpoint http://127.0.0.1:4318]
 """
 

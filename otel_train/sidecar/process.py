@@ -106,8 +106,9 @@ class SidecarProcess:
         return self._control.feed(data) if data else []
 
     def wait_for(self, kinds: tuple[int, ...], deadline: float) -> tuple[Any, ...] | None:
-        """The first message of one of ``kinds`` (others are returned by later reads: no,
-        dropped: callers wait for answers only), or None at the deadline or the end."""
+        """The first message of one of ``kinds``, or None at the deadline or the end.
+        Messages of other kinds read meanwhile are dropped: callers name every kind they
+        act on."""
         while not self.dead:
             self.write()
             for message in self.read():
