@@ -63,19 +63,17 @@ def build_consumer(
     emitter = None
     if t.tracer_provider is not None and settings.trace_steps != "none":
         tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version)
-        emitter = SpanEmitter(tracer, rank, offset_ns)
-        if debug is not None:
-            emitter.step_events = debug.step_events
+        emitter = SpanEmitter(
+            tracer, rank, offset_ns, debug.step_events if debug is not None else None
+        )
     sampler = StepSampler(
         settings.trace_steps,
         settings.trace_window,
         settings.trace_window_seconds,
         settings.trace_slowest,
+        always=debug.wants_trace if debug is not None else None,
     )
-    if debug is not None:
-        sampler.always = debug.wants_trace
-    console = ConsoleReporter(settings.console_every, settings.console)
-    console.efficiency = efficiency
+    console = ConsoleReporter(settings.console_every, settings.console, efficiency)
     worker = Worker(
         source,
         aggregator,

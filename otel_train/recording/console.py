@@ -17,8 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from .blocks import StepBlock
-from .resolved import ResolvedStep
+from .batch import StepBlock
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
 
@@ -54,7 +53,9 @@ class _PhaseTotals:
 
 
 class ConsoleReporter:
-    def __init__(self, every: int, stream: str) -> None:
+    def __init__(self, every: int, stream: str, efficiency: Any = None) -> None:
+        """``efficiency``: the efficiency.EfficiencyTracker whose figures the tables and
+        the summary show, when there is one."""
         self.every = every
         self._stream_name = stream
         self.device_total: int | None = None
@@ -74,7 +75,7 @@ class ConsoleReporter:
         self.run_samples = 0
         self.run_tokens = 0
         self.last_scalars: dict[str, float] = {}
-        self.efficiency: Any = None  # efficiency.EfficiencyTracker, when there is one
+        self.efficiency = efficiency
         self._win_flops = 0.0
         self._win_flop_seconds = 0.0
         self._win_data = 0.0
@@ -85,113 +86,47 @@ class ConsoleReporter:
             return None
         return sys.stdout if self._stream_name == "stdout" else sys.stderr
 
-    def add_many(self, steps: list[ResolvedStep]) -> None:
-        """Add a batch of steps, printing a table each ``every`` steps."""
+    def add(self, block: StepBlock) -> None:
+        """Add a block of steps, printing a table each ``every`` steps."""
         if self._stream_name == "off":
             return  # no tables and no summary: nothing reads the totals
-        i, n = 0, len(steps)
-        while i < n:
-            take = n - i if not self.every else max(1, min(n - i, self.every - self._win_steps))
-            self._add_window(steps[i : i + take] if i or take < n else steps)
-            i += take
-            if self.every and self._win_steps >= self.every:
-                self.print_window()
-
-    def add_block(self, block: StepBlock) -> None:
-        """``add_many`` for a block's steps, from its columns."""
-        if self._stream_name == "off":
-            return
         i, n = 0, block.k
         while i < n:
             take = n - i if not self.every else max(1, min(n - i, self.every - self._win_steps))
-            self._add_block_window(block, i, i + take)
+            self._add_window(block, i, i + take)
             i += take
             if self.every and self._win_steps >= self.every:
                 self.print_window()
 
-    def _add_block_window(self, block: StepBlock, lo: int, hi: int) -> None:
-        """Steps ``lo`` .. ``hi - 1`` of a block, all in the current window."""
+    def _add_window(self, block: StepBlock, lo: int, hi: int) -> None:
+        """Steps ``lo`` .. ``hi - 1`` of a block, all in the current window. Sums run in
+        step order from the window's totals, so any batching gives the same floats."""
         if self._win_steps == 0:
             self._win_first = block.first + lo
         if self.first_start is None:
             self.first_start = block.starts[lo]
         self.last_end = block.ends[hi - 1]
-        seconds = block.seconds[lo:hi]
-        total = sum(seconds)
-        samples = sum(v for v in block.samples[lo:hi] if v)
-        tokens = sum(v for v in block.tokens[lo:hi] if v)
-        if block.efficiency_of is not None:  # efficiency figures are on
-            self._win_data += sum(block.data_seconds()[lo:hi])
-            if block.flops is not None:
-                rated = [s for s in seconds if s > 0]
-                self._win_flops += block.flops * len(rated)
-                self._win_flop_seconds += sum(rated)
-        window = self._window
-        tpl = block.template
-        for r, row in enumerate(tpl.rows):
-            key = (tpl.depths[r], row[2])
+        eff = block.efficiency
+        if eff is not None:  # efficiency figures are on
+            self._win_data = sum(block.data_seconds()[lo:hi], self._win_data)
+            self._win_flops = sum(eff.rate_flops[lo:hi], self._win_flops)
+            self._win_flop_seconds = sum(eff.rate_seconds[lo:hi], self._win_flop_seconds)
+        window, shape, memory = self._window, block.shape, block.memory
+        for r, key in enumerate(zip(shape.depths, shape.names, strict=True)):
             t = window.get(key) or self._new_row(key)
-            # (in order from the row's total: the same float sums as step by step)
             t.seconds = sum(block.phase_seconds[r][lo:hi], t.seconds)
             t.count += hi - lo
+            if memory is not None:
+                peaks = [m[0] for m in memory[r][lo:hi] if m is not None]
+                if peaks and (t.peak is None or max(peaks) > t.peak):
+                    t.peak = max(peaks)
         if block.scalars is not None:
             for items in block.scalars[lo:hi]:
                 for name, value in items:
                     self.last_scalars[name] = value
-        self._add_totals(hi - lo, total, max(seconds), samples, tokens)
-
-    def _add_window(self, steps: list[ResolvedStep]) -> None:
-        """Steps that all fall in the current window: sums kept in locals, stored once."""
-        if not steps:
-            return
-        if self._win_steps == 0:
-            self._win_first = steps[0].index
-        if self.first_start is None:
-            self.first_start = steps[0].host_start
-        self.last_end = steps[-1].host_end
-        total = peak_step = 0.0
-        samples = tokens = 0
-        data = flops = flop_seconds = 0.0
-        window = self._window
-        for step in steps:
-            seconds = step.host_seconds
-            total += seconds
-            if seconds > peak_step:
-                peak_step = seconds
-            if step.samples:
-                samples += step.samples
-            if step.tokens:
-                tokens += step.tokens
-            eff = step.efficiency
-            if eff is not None:
-                data += eff.data_share * seconds
-                if eff.flops_per_s:
-                    flops += eff.flops
-                    flop_seconds += eff.flops / eff.flops_per_s
-            depth: dict[int, int] | None = None
-            for row in step.rows:
-                parent = row[1]
-                if parent < 0:
-                    d = 0
-                else:  # nested phases (rare): depth from the parent's
-                    if depth is None:
-                        depth = {}
-                    d = depth.get(parent, 0) + 1
-                if depth is not None:
-                    depth[row[0]] = d
-                key = (d, row[2])
-                t = window.get(key) or self._new_row(key)
-                t.seconds += row[9]
-                t.count += 1
-                memory = row[7]
-                if memory is not None and (t.peak is None or memory[0] > t.peak):
-                    t.peak = memory[0]
-            for name, value in step.scalars:
-                self.last_scalars[name] = value
-        self._win_data += data
-        self._win_flops += flops
-        self._win_flop_seconds += flop_seconds
-        self._add_totals(len(steps), total, peak_step, samples, tokens)
+        samples = sum(v for v in block.samples[lo:hi] if v)
+        tokens = sum(v for v in block.tokens[lo:hi] if v)
+        self._add_totals(block.seconds[lo:hi], samples, tokens)
 
     def _new_row(self, key: tuple[int, str]) -> _PhaseTotals:
         """The window's row for a (depth, phase) not seen in it yet; past MAX_ROWS rows,
@@ -205,14 +140,15 @@ class ConsoleReporter:
         t = window[key] = _PhaseTotals(key[0])
         return t
 
-    def _add_totals(self, n: int, total: float, peak: float, samples: int, tokens: int) -> None:
+    def _add_totals(self, seconds: list[float], samples: int, tokens: int) -> None:
+        n = len(seconds)
         self._win_steps += n
-        self._win_seconds += total
-        self._win_max = max(self._win_max, peak)
+        self._win_seconds = sum(seconds, self._win_seconds)
+        self._win_max = max(self._win_max, *seconds)
         self._win_samples += samples
         self._win_tokens += tokens
         self.run_steps += n
-        self.run_step_seconds += total
+        self.run_step_seconds = sum(seconds, self.run_step_seconds)
         self.run_samples += samples
         self.run_tokens += tokens
 

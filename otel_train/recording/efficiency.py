@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Literal
 
@@ -33,10 +32,9 @@ import torch
 from .. import contract as c
 from ..settings import Settings
 from .aggregate import MetricsAggregator
-from .blocks import StepBlock
+from .batch import EfficiencyColumns, StepBlock, StepEfficiency
 from .flops import CountResult, FlopProbe, dtype_label, parameter_count
 from .peaks import Peak, lookup_peak
-from .resolved import ResolvedStep
 
 _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
@@ -45,16 +43,6 @@ MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only s
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
 REGION_KINDS = ("evaluation", "checkpoint")
 CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
-
-
-@dataclass(slots=True)  # one per step: a frozen dataclass costs ~1 us to build
-class StepEfficiency:
-    flops: float | None
-    source: str  # counted / scaled / given / estimate, "" when unknown
-    flops_per_s: float | None
-    mfu: float | None
-    data_share: float
-    counted: bool
 
 
 class RegionLog:
@@ -202,133 +190,69 @@ class EfficiencyTracker:
 
     # -- per step ----------------------------------------------------------------------
 
-    def observe(self, step: ResolvedStep, agg: MetricsAggregator) -> StepEfficiency:
+    def observe(self, block: StepBlock, agg: MetricsAggregator) -> None:
+        """Each of a block's steps: its FLOPs, the achieved rate's share of it, the
+        windowed sums and the run totals; the per-step figures go on the block
+        (``block.efficiency``, read by the console and by traced steps)."""
         probe = self.probe
         if probe is not None and probe.results:
             self._take_counts()
-        flops, source, counted = self._flops_of(step)
-        data_s = 0.0
-        for row in step.rows:
-            if row[1] < 0 and row[2] == "data":
-                data_s += row[9]
-        host_s = step.host_seconds
-        seconds = step.device_seconds or host_s
-        rate = mfu = None
-        if flops is not None and not counted and seconds > 0:
-            rate = flops / seconds
+        flops, source, counted = self._flops_column(block)
+        host, best, data = block.seconds, block.rate_seconds(), block.data_seconds()
+        rated = [
+            f is not None and not n and s > 0 for f, n, s in zip(flops, counted, best, strict=True)
+        ]
+        rate_flops = [f if ok else 0.0 for f, ok in zip(flops, rated, strict=True)]
+        rate_seconds = [s if ok else 0.0 for s, ok in zip(best, rated, strict=True)]
+        if any(rated):
             if self._cost_pending is not None:
-                # Refined with each of the next few steps: their median is the baseline.
-                after = self._after_count
-                after.append(host_s)
-                typical = sorted(after)[len(after) // 2]
-                self.count_typical = typical
-                self.count_cost = max(0.0, self._cost_pending.seconds - typical)
-                agg.set(c.FLOPS_COUNT_COST.name, (), self.count_cost)
-                if len(after) >= COST_BASELINE_STEPS:
-                    self._cost_pending = None
-            peak = self.peak if self._peak_known else self._peak_for(agg)
-            if peak is not None:
-                mfu = rate / peak.flops_per_s
-        # Windowed gauges: running sums over the last ``window`` steps of (FLOPs, their
-        # seconds, data seconds, step seconds).
-        win, sums = self._win, self._sums
-        if rate is not None and flops is not None:
-            item = (flops, seconds, data_s, host_s)
-            self._last_flops = flops
-            self.flops_total += flops
-            self.flop_seconds_total += seconds
-        else:
-            item = (0.0, 0.0, data_s, host_s)
-            if flops is not None:
-                self._last_flops = flops
-        if len(win) == win.maxlen:
-            old = win[0]
-            sums[0] += item[0] - old[0]
-            sums[1] += item[1] - old[1]
-            sums[2] += data_s - old[2]
-            sums[3] += host_s - old[3]
-        else:
-            sums[0] += item[0]
-            sums[1] += item[1]
-            sums[2] += data_s
-            sums[3] += host_s
-        win.append(item)
-        # Run totals and goodput.
-        self.step_total += host_s
-        self.data_total += data_s
-        self._extend(step.host_start, step.host_end)
-        return StepEfficiency(flops, source, rate, mfu, data_s / host_s if host_s > 0 else 0.0,
-                              counted)  # fmt: skip
-
-    def observe_block(self, block: StepBlock, agg: MetricsAggregator) -> bool:
-        """``observe`` for each of a block's steps at once (recording/blocks.py).
-
-        Only when every step in it gets the same FLOPs the same way (given, estimated
-        from equal token counts, or one counted shape, with no counted step and no count
-        cost still being measured); otherwise False, with nothing changed, and the worker
-        observes the steps one by one. Window and run sums come out equal to the
-        step-by-step ones up to float rounding.
-        """
-        probe = self.probe
-        if probe is not None and probe.results:
-            self._take_counts()
-        if self._cost_pending is not None:
-            return False
-        k = block.k
-        samples, tokens = block.samples, block.tokens
-        source = ""
-        flops: float | None = None
-        if self._given is not None:
-            flops, source = self._given, "given"
-        elif self._estimate:
-            if tokens.count(tokens[0]) != k:
-                return False
-            flops = self._estimated(tokens[0])
-            source = "estimate" if flops is not None else ""
-        elif probe is not None:
-            key = (samples[0], tokens[0])
-            if samples.count(key[0]) != k or tokens.count(key[1]) != k:
-                return False
-            flops = self._counted.get(key)
-            last = block.first + k - 1
-            if flops is None or any(block.first <= i <= last for i in self._counted_steps):
-                return False
-            source = "counted"
-        seconds, data = block.seconds, block.data_seconds()
-        if flops is not None:
-            f = flops
-            rated = [s for s in seconds if s > 0]
-            if rated and not self._peak_known:
+                self._measure_cost([h for h, ok in zip(host, rated, strict=True) if ok], agg)
+            if not self._peak_known:
                 self._peak_for(agg)
-            items = [
-                (f, s, d, s) if s > 0 else (0.0, 0.0, d, s)
-                for s, d in zip(seconds, data, strict=True)
-            ]
-            self._last_flops = f
-            self.flops_total += f * len(rated)
-            self.flop_seconds_total += sum(rated)
-        else:
-            items = [(0.0, 0.0, d, s) for s, d in zip(seconds, data, strict=True)]
+        known = [f for f in flops if f is not None]
+        if known:
+            self._last_flops = known[-1]
+        # Windowed gauges: sums over the last ``window`` steps of (FLOPs with a rate, their
+        # seconds, data seconds, step seconds).
         win = self._win
-        win.extend(items)
-        self._sums = [sum(col) for col in zip(*win, strict=True)]
-        self.step_total += sum(seconds)
-        self.data_total += sum(data)
+        win.extend(zip(rate_flops, rate_seconds, data, host, strict=True))
+        self._sums = [sum(col) for col in zip(*win, strict=True)] or [0.0] * 4
+        # Run totals and goodput.
+        self.flops_total = sum(rate_flops, self.flops_total)
+        self.flop_seconds_total = sum(rate_seconds, self.flop_seconds_total)
+        self.step_total = sum(host, self.step_total)
+        self.data_total = sum(data, self.data_total)
         self._extend(block.starts[0], block.ends[-1])
-        block.flops, block.flops_source = flops, source
-        block.efficiency_of = self.block_step
-        return True
+        peak = self.peak.flops_per_s if self.peak is not None else None
+        block.efficiency = EfficiencyColumns(flops, source, counted, rate_flops, rate_seconds, peak)
 
-    def block_step(self, block: StepBlock, i: int) -> StepEfficiency:
-        """What ``observe`` would have returned for step ``i`` of an observed block."""
-        s, d, flops = block.seconds[i], block.data_seconds()[i], block.flops
-        rate = mfu = None
-        if flops is not None and s > 0:
-            rate = flops / s
-            if self.peak is not None:
-                mfu = rate / self.peak.flops_per_s
-        return StepEfficiency(flops, block.flops_source, rate, mfu, d / s if s > 0 else 0.0,
-                              False)  # fmt: skip
+    def _flops_column(self, block: StepBlock) -> tuple[list[Any], list[str], list[bool]]:
+        """Each step's FLOPs, how they were found, and whether it was the counted step."""
+        k = block.k
+        if self._given is not None:
+            return [self._given] * k, ["given"] * k, [False] * k
+        if self._estimate:
+            flops = [self._estimated(t) for t in block.tokens]
+            return flops, ["estimate" if f is not None else "" for f in flops], [False] * k
+        if self.probe is None:
+            return [None] * k, [""] * k, [False] * k
+        counts = enumerate(zip(block.samples, block.tokens, strict=True), block.first)
+        out = [self._flops_of(s, t, i) for i, (s, t) in counts]
+        return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+
+    def _measure_cost(self, seconds: list[float], agg: MetricsAggregator) -> None:
+        """The counted step's cost over the median of the next few rated steps."""
+        pending, after = self._cost_pending, self._after_count
+        for s in seconds:
+            if pending is None:
+                return
+            after.append(s)
+            typical = sorted(after)[len(after) // 2]
+            self.count_typical = typical
+            self.count_cost = max(0.0, pending.seconds - typical)
+            agg.set(c.FLOPS_COUNT_COST.name, (), self.count_cost)
+            if len(after) >= COST_BASELINE_STEPS:
+                pending = self._cost_pending = None
 
     def drain_regions(self, agg: MetricsAggregator) -> None:
         done = self._regions.done
@@ -409,19 +333,21 @@ class EfficiencyTracker:
             if not self.count_results[:-1]:
                 self._cost_pending = r  # the first count's cost is the one reported
 
-    def _flops_of(self, step: ResolvedStep) -> tuple[float | None, str, bool]:
+    def _flops_of(
+        self, samples: int | None, tokens: int | None, index: int
+    ) -> tuple[float | None, str, bool]:
         if self._given is not None:
             return self._given, "given", False
         if self._estimate:
-            flops = self._estimated(step.tokens)
+            flops = self._estimated(tokens)
             return (flops, "estimate", False) if flops is not None else (None, "", False)
         probe = self.probe
         if probe is None:
             return None, "", False
-        key = (step.samples, step.tokens)
+        key = (samples, tokens)
         counted = self._counted.get(key)
         if counted is not None:
-            return counted, "counted", step.index in self._counted_steps
+            return counted, "counted", index in self._counted_steps
         flops, source, change = self._scaled(key)
         requests = self._requests.get(key, 0)
         if (

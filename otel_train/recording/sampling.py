@@ -12,14 +12,27 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Callable
-from operator import sub
 
-from .blocks import StepBlock
+from .batch import StepBlock
 from .resolved import ResolvedStep
 
 
+def _because(step: ResolvedStep, reason: str) -> ResolvedStep:
+    step.sampled_because = reason
+    return step
+
+
 class StepSampler:
-    def __init__(self, mode: str, window: int, window_seconds: float, slowest: int) -> None:
+    def __init__(
+        self,
+        mode: str,
+        window: int,
+        window_seconds: float,
+        slowest: int,
+        always: Callable[[int], bool] | None = None,
+    ) -> None:
+        """``always``: steps traced whatever their time (a profiled step, the end of a
+        memory-snapshot window), by index."""
         self.mode = mode
         self._window = window
         self._window_ns = int(window_seconds * 1e9)
@@ -28,60 +41,18 @@ class StepSampler:
         self._count = 0
         self._window_start: int | None = None
         self._first_seen = False
-        self.always: Callable[[int], bool] | None = None  # steps traced whatever their time
+        self._always = always
 
-    def offer(self, step: ResolvedStep) -> list[ResolvedStep]:
-        """Steps to emit now (most calls return an empty list)."""
+    def offer(self, block: StepBlock) -> list[ResolvedStep]:
+        """Steps of a block to emit now (most calls return an empty list), in the order
+        one step at a time would give them; only the steps kept are built."""
         if self.mode == "none":
             return []
         if self.mode == "all":
-            step.sampled_because = "all"
-            return [step]
+            return [_because(block.step(i), "all") for i in range(block.k)]
+        special = self._special(block)
         out: list[ResolvedStep] = []
-        if not self._first_seen:
-            self._first_seen = True
-            step.sampled_because = "first"
-            out.append(step)
-        elif step.error:
-            step.sampled_because = "error"
-            out.append(step)
-        elif self.always is not None and self.always(step.index):
-            step.sampled_because = "debug"  # a profiled step or a memory-snapshot window's end
-            out.append(step)
-        elif self._slowest:
-            duration = step.end - step.start
-            item = (duration, step.index, step)
-            if len(self._heap) < self._slowest:
-                heapq.heappush(self._heap, item)
-            elif item[:2] > self._heap[0][:2]:
-                heapq.heapreplace(self._heap, item)
-        if self._window_start is None:
-            self._window_start = step.host_start
-        self._count += 1
-        if self._count >= self._window or step.host_end - self._window_start >= self._window_ns:
-            out.extend(self.close_window())
-        return out
-
-    def takes_blocks(self) -> bool:
-        """Whether ``offer_block`` gives what ``offer`` per step would (else: one by one)."""
-        return self.mode != "all" and self.always is None
-
-    def offer_block(self, block: StepBlock) -> list[ResolvedStep]:
-        """``offer`` for each of a block's steps, building only the steps it keeps."""
-        if self.mode == "none":
-            return []
-        out: list[ResolvedStep] = []
-        k, first = block.k, block.first
-        starts, ends = block.starts, block.ends
-        lo = 0
-        if not self._first_seen:
-            self._first_seen = True
-            step = block.step(0)
-            step.sampled_because = "first"
-            out.append(step)
-            lo = 1  # traced already: not a candidate for the slowest
-        durations = list(map(sub, ends, starts))  # end - start: host times only in a block
-        heap, slowest = self._heap, self._slowest
+        k, starts, ends = block.k, block.starts, block.ends
         i = 0
         while i < k:
             if self._window_start is None:
@@ -92,20 +63,41 @@ class StepSampler:
                 bisect_left(ends, self._window_start + self._window_ns, i, k),
             )
             j = min(closes, k - 1)
-            if slowest and max(i, lo) <= j:
-                a = max(i, lo)
-                for d, index in heapq.nlargest(
-                    slowest, zip(durations[a : j + 1], range(first + a, first + j + 1), strict=True)
-                ):
-                    if len(heap) < slowest:
-                        heapq.heappush(heap, (d, index, block.step(index - first)))
-                    elif (d, index) > heap[0][:2]:
-                        heapq.heapreplace(heap, (d, index, block.step(index - first)))
+            out.extend(_because(block.step(x), special[x]) for x in sorted(special) if i <= x <= j)
+            if self._slowest:
+                self._keep_slowest(block, i, j, special)
             self._count += j - i + 1
             if closes < k:
                 out.extend(self.close_window())
             i = j + 1
         return out
+
+    def _special(self, block: StepBlock) -> dict[int, str]:
+        """Offsets of a block's steps traced whatever their time, with the reason: the
+        run's first step, a step that raised, a step the debug tools asked for."""
+        special: dict[int, str] = {}
+        if not self._first_seen:
+            self._first_seen = True
+            special[0] = "first"
+        for x in block.errors:
+            special.setdefault(x, "error")
+        always = self._always
+        if always is not None:
+            for x in range(block.k):
+                if x not in special and always(block.first + x):
+                    special[x] = "debug"
+        return special
+
+    def _keep_slowest(self, block: StepBlock, i: int, j: int, special: dict[int, str]) -> None:
+        """Steps ``i`` .. ``j`` of a block (one window) as candidates for its slowest."""
+        first, durations = block.first, block.durations
+        candidates = [(durations[x], first + x) for x in range(i, j + 1) if x not in special]
+        heap, slowest = self._heap, self._slowest
+        for d, index in heapq.nlargest(slowest, candidates):
+            if len(heap) < slowest:
+                heapq.heappush(heap, (d, index, block.step(index - first)))
+            elif (d, index) > heap[0][:2]:
+                heapq.heapreplace(heap, (d, index, block.step(index - first)))
 
     def close_if_idle(self, now_ns: int) -> list[ResolvedStep]:
         """Close a window whose time ran out while no step arrived."""

@@ -3,8 +3,8 @@ training process.
 
 CUDA events are per process, so resolving them (a non-blocking ``query()``, then
 placing the events on the host clock) happens here, next to the recorder. What comes
-out is a :class:`Batch` of plain data: lists of resolved steps, blocks of recognised
-steps (recording/blocks.py), loose scalar values and the recorder's counters. The
+out is a :class:`Batch` of plain data: blocks of finished steps (recording/batch.py),
+loose scalar values and the recorder's counters. The
 worker reads batches from a source: this one, in the same process, or the sidecar's
 copy of it in another process (otel_train/sidecar/).
 """
@@ -15,13 +15,15 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .blocks import StepBlock
+from .batch import Shape, StepBlock, group_steps
 from .device import DeviceClock
 from .recorder import OpenStep, Recorder
 from .resolved import ResolvedStep, scalar_value
 
 _BY_SEQ = operator.itemgetter(0)
 
+# What a source hands on: a block (of recognised steps, columns not yet derived when it
+# crosses to the sidecar) or resolved steps; :func:`finished` makes blocks of both.
 Part = list[ResolvedStep] | StepBlock
 
 
@@ -39,9 +41,10 @@ class Counters:
 
 @dataclass(slots=True)
 class Batch:
-    """Steps finished since the last batch, in order, with what goes beside them."""
+    """Steps finished since the last batch, in order, with what goes beside them:
+    ``parts`` are :class:`StepBlock` objects once :func:`finished` has made them."""
 
-    parts: list[Part] = field(default_factory=list)
+    parts: list[Any] = field(default_factory=list)
     scalars: list[tuple[str, float]] = field(default_factory=list)  # recorded outside steps
     counters: Counters = field(default_factory=Counters)
 
@@ -52,24 +55,24 @@ class StepSource:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.clock = DeviceClock(recorder.events)
+        self.shapes: dict[Any, Shape] = {}
 
-    def take(
-        self, whole_blocks: bool = True, derive: bool = True, keep_partial: bool = False
-    ) -> Batch:
-        """Every step whose events have completed; ``whole_blocks``: blocks stay blocks
-        (else each becomes its list of resolved steps); ``derive``: compute the blocks'
-        columns here (the sidecar derives them in its own process); ``keep_partial``: see
-        :meth:`Recorder.drain_blocks`."""
+    def take(self, derive: bool = True, keep_partial: bool = False) -> Batch:
+        """Every step whose events have completed; ``derive``: make the parts blocks with
+        their columns here (else the sidecar does, in its own process: resolved steps and
+        blocks go as they are); ``keep_partial``: see :meth:`Recorder.drain_blocks`."""
         rec = self.recorder
         batch = Batch()
         parts = batch.parts
         for before, block in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
-            parts.append(finished(block, whole_blocks) if derive else block)
+            parts.append(block)
         tail = self._take_resolved(keep_partial)
         if tail:
             parts.append(tail)
+        if derive:
+            batch.parts = [b for part in parts for b in finished(part, self.shapes)]
         batch.scalars = self._loose_scalars()
         mem = rec.memory
         batch.counters = Counters(
@@ -159,13 +162,13 @@ class StepSource:
         return values
 
 
-def finished(part: Part, whole_blocks: bool) -> Part:
-    """A part as the worker takes it: a block with its columns derived (kept whole, or
-    as its resolved steps); a list of resolved steps as it is."""
+def finished(part: Part, shapes: dict[Any, Shape]) -> list[StepBlock]:
+    """A part as the worker takes it: blocks with their columns derived (resolved steps
+    grouped by shape, ``shapes`` being the caller's cache)."""
     if not isinstance(part, StepBlock):
-        return part
+        return group_steps(part, shapes)
     part.columns()
-    return part if whole_blocks else part.steps()
+    return [part]
 
 
 def _completed(step: OpenStep) -> bool:

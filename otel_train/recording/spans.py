@@ -21,14 +21,21 @@ from .resolved import ResolvedPhase, ResolvedStep
 
 
 class SpanEmitter:
-    def __init__(self, tracer: trace.Tracer, rank: int, offset_ns: int) -> None:
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        rank: int,
+        offset_ns: int,
+        step_events: Callable[[int], list[tuple[str, dict[str, Any]]]] | None = None,
+    ) -> None:
+        """``step_events``: a step's span events by index (the debug tools')."""
         self._tracer = tracer
         self._rank = rank
         self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns
         self.emitted = 0
         self.device_total: int | None = None  # bytes, set once CUDA memory tracking starts
         # step index -> extra events for its span (profiler trace, memory snapshot paths)
-        self.step_events: Callable[[int], list[tuple[str, dict[str, Any]]]] | None = None
+        self.step_events = step_events
 
     def emit(self, step: ResolvedStep) -> tuple[int, int] | None:
         """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""

@@ -21,11 +21,11 @@ from typing import Any
 
 from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
-from .blocks import StepBlock
+from .batch import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .resolved import ResolvedStep
+from .resolved import DEV_START, NAME, SECONDS, ResolvedStep
 from .sampling import StepSampler
 from .source import Batch, Counters, StepSource
 from .spans import SpanEmitter
@@ -85,6 +85,7 @@ class Worker:
         self._cpu_ns = 0
         self._cpu_steps = 0
         self._device_total_set = False
+        self._device_total = 0
         self.steps_processed = 0
         self.failed = False
         # Counters start at zero so their series exist (and rate() works) before any drop.
@@ -134,30 +135,22 @@ class Worker:
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                parts = self._take().parts
-                n = self._update_metrics(parts)
+                blocks: list[StepBlock] = self._take().parts
+                n = self._update_metrics(blocks)
             except Exception:
                 self.failed = True
                 self.source.disable()
                 _log.exception("otel-train: internal error in the worker; telemetry disabled")
                 return 0
             try:
-                for part in parts:
-                    if isinstance(part, StepBlock):
-                        self.console.add_block(part)
-                    else:
-                        self.console.add_many(part)
+                for block in blocks:
+                    self.console.add(block)
             except Exception:  # (a closed stdout, say): the tables stop, the rest goes on
                 self.console = ConsoleReporter(0, "off")
                 _log.exception("otel-train: printing the console table failed; it is off")
             sampler = self.sampler
-            offer = sampler.offer
-            for part in parts:
-                if isinstance(part, StepBlock):
-                    self._emit(sampler.offer_block(part))
-                    continue
-                for step in part:
-                    self._emit(offer(step))
+            for block in blocks:
+                self._emit(sampler.offer(block))
             if not n and sampler.mode == "sampled":
                 self._emit(sampler.close_if_idle(time.perf_counter_ns()))
             spent = time.thread_time_ns() - t0
@@ -171,7 +164,7 @@ class Worker:
 
     def _take(self) -> Batch:
         """Finished steps in order (source.py); their loose scalars go out at once."""
-        batch = self.source.take(self.sampler.takes_blocks())
+        batch = self.source.take()
         self.counters = batch.counters
         if batch.scalars:
             with self.agg.lock:
@@ -181,135 +174,36 @@ class Worker:
                 self.console.last_scalars[name] = v
         return batch
 
-    def _update_metrics(self, parts: list[list[ResolvedStep] | StepBlock]) -> int:
-        """Metrics of a batch's steps; returns how many steps it held. A block the
-        efficiency tracker cannot take whole is replaced in ``parts`` by its steps."""
-        counters = self.counters
+    def _update_metrics(self, blocks: list[StepBlock]) -> int:
+        """Metrics of a batch's steps; returns how many steps it held. Per step, values
+        are only collected; histograms take them once per batch (observe_many), counters
+        once per batch."""
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
-        records: list[tuple[str, Any, float]] = []
-        host_series, dev_series = self._series[False], self._series[True]
+        records: list[tuple[str, Any, float]] | None = [] if api else None
+        step_values: list[float] = []
+        touched: list[list[Any]] = []  # series entries whose buffer holds values
         n = 0
         with agg.lock:
-            agg.set(c.PENDING_STEPS.name, (), float(counters.pending))
-            dropped = agg.values.setdefault(c.DROPPED.name, {})
-            for reason, count in (
-                ("queue_full", counters.dropped_steps),
-                ("late_phase", counters.dropped_phases),
-                ("scalar_names", counters.dropped_scalars),
-                ("sidecar", counters.dropped_handover),
-                *(self._export_drops().items() if self._export_drops is not None else ()),
-            ):
-                if count:
-                    dropped[((A_REASON, reason),)] = float(count)
-            if self.emitter is not None:
-                agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
-            total_bytes = counters.memory_total or 0
-            if total_bytes and not self._device_total_set:
-                self._device_total_set = True
-                total = total_bytes
-                agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
-                self.console.device_total = total
-                if self.emitter is not None:
-                    self.emitter.device_total = total
+            self._publish_counters()
             if self.efficiency is not None:
                 self._observe_efficiency(None, "begin")  # regions first: they ended earlier
-            # Per step, values are only collected; histograms take them once per batch
-            # (observe_many), counters once per batch.
-            step_values: list[float] = []
-            touched: list[list[Any]] = []  # series entries whose buffer holds values
-            samples_total = tokens_total = 0
-            any_samples = any_tokens = False
-            window = self._throughput
-            maxlen = window.maxlen
-            tp_samples, tp_tokens = self._tp_samples, self._tp_tokens
-            last: ResolvedStep | None = None
-            for idx, part in enumerate(parts):
-                if isinstance(part, StepBlock):
-                    block: StepBlock = part
-                    if self.efficiency is not None and not self._observe_block(block):
-                        part = parts[idx] = block.steps()  # observed one by one below
-                    else:
-                        n += block.k
-                        step_values.extend(block.seconds)
-                        if api:
-                            records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
-                        self._block_phases(block, host_series, touched, records if api else None)
-                        if block.scalars is not None:
-                            for items in block.scalars:
-                                for name, v in items:
-                                    agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                        s_known, s_sum, s_col = _counted(block.samples)
-                        t_known, t_sum, t_col = _counted(block.tokens)
-                        any_samples = any_samples or s_known
-                        any_tokens = any_tokens or t_known
-                        samples_total += s_sum
-                        tokens_total += t_sum
-                        # Throughput's running sums, recounted when steps leave the window.
-                        full = maxlen is not None and len(window) + block.k > maxlen
-                        window.extend(zip(block.ends, s_col, t_col, strict=True))
-                        if full:
-                            tp_samples = sum(w[1] for w in window)
-                            tp_tokens = sum(w[2] for w in window)
-                        else:
-                            tp_samples += sum(s_col)
-                            tp_tokens += sum(t_col)
-                        last = None
-                        continue
-                n += len(part)
-                for step in part:
-                    host_s = step.host_seconds
-                    step_values.append(host_s)
-                    if api:
-                        records.append((c.STEP_DURATION.name, (), host_s))
-                    samples, tokens = step.samples, step.tokens
-                    if samples is None:
-                        samples = 0
-                    else:
-                        any_samples = True
-                        samples_total += samples
-                    if tokens is None:
-                        tokens = 0
-                    else:
-                        any_tokens = True
-                        tokens_total += tokens
-                    for row in step.rows:
-                        name, memory = row[2], row[7]
-                        entry = (dev_series if row[5] is not None else host_series).get(name)
-                        if entry is None:
-                            entry = self._phase_series(name, row[5] is not None)
-                        buf = entry[3]
-                        if not buf:
-                            touched.append(entry)
-                        buf.append(row[9])
-                        if api:
-                            records.append((c.PHASE_DURATION.name, entry[1], row[9]))
-                        if memory is not None:
-                            name = entry[2]
-                            agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"),
-                                    memory[0])  # fmt: skip
-                            agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"),
-                                    memory[1])  # fmt: skip
-                            if total_bytes:
-                                agg.set(
-                                    c.PHASE_MEMORY_UTILIZATION.name,
-                                    ((A_PHASE, name),),
-                                    memory[1] / total_bytes,
-                                )
-                    for name, v in step.scalars:
-                        agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-                    # Throughput over the last ``throughput_window`` steps (running sums).
-                    if len(window) == maxlen:
-                        old = window[0]
-                        tp_samples -= old[1]
-                        tp_tokens -= old[2]
-                    window.append((step.host_end, samples, tokens))
-                    tp_samples += samples
-                    tp_tokens += tokens
-                    if self.efficiency is not None:
-                        self._observe_efficiency(step)
-                    last = step
-            self._tp_samples, self._tp_tokens = tp_samples, tp_tokens
+            counts = _Counts()
+            for block in blocks:
+                n += block.k
+                if self.efficiency is not None:
+                    self._observe_efficiency(block)
+                step_values.extend(block.seconds)
+                if records is not None:
+                    records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
+                entries = self._block_phases(block, touched, records)
+                if block.memory is not None:
+                    self._block_memory(block, [e[2] for e in entries])
+                if block.scalars is not None:
+                    for items in block.scalars:
+                        for name, v in items:
+                            agg.set(c.SCALAR.name, ((A_NAME, name),), v)
+                self._block_counts(block, counts)
             self._step_hist.observe_many(step_values)
             for entry in touched:
                 entry[0].observe_many(entry[3])
@@ -317,36 +211,79 @@ class Worker:
             self.steps_processed += n
             if n:
                 agg.add(c.STEPS.name, (), n)
-                if any_samples:
-                    agg.add(c.SAMPLES.name, (), samples_total)
-                if any_tokens:
-                    agg.add(c.TOKENS.name, (), tokens_total)
+                if counts.any_samples:
+                    agg.add(c.SAMPLES.name, (), counts.samples)
+                if counts.any_tokens:
+                    agg.add(c.TOKENS.name, (), counts.tokens)
                 # Gauges are read at collection time: the batch's last value will do.
-                if last is None:
-                    block = parts[-1]  # type: ignore[assignment]
-                    last = block.step(block.k - 1)
-                self._publish_throughput(last)
+                self._publish_throughput(blocks[-1])
                 if self.efficiency is not None:
                     self._observe_efficiency(None, "end")  # goodput, once per batch
-        if api:
+        if records:
             assert self.publisher is not None
             for name, attrs, value in records:
                 self.publisher.record(name, attrs, value)
         return n
 
+    def _publish_counters(self) -> None:
+        """The recorder's and the exporters' counters, the device's memory limit."""
+        counters, agg = self.counters, self.agg
+        agg.set(c.PENDING_STEPS.name, (), float(counters.pending))
+        dropped = agg.values.setdefault(c.DROPPED.name, {})
+        for reason, count in (
+            ("queue_full", counters.dropped_steps),
+            ("late_phase", counters.dropped_phases),
+            ("scalar_names", counters.dropped_scalars),
+            ("sidecar", counters.dropped_handover),
+            *(self._export_drops().items() if self._export_drops is not None else ()),
+        ):
+            if count:
+                dropped[((A_REASON, reason),)] = float(count)
+        if self.emitter is not None:
+            agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
+        total = counters.memory_total or 0
+        if total and not self._device_total_set:
+            self._device_total_set = True
+            self._device_total = total
+            agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
+            self.console.device_total = total
+            if self.emitter is not None:
+                self.emitter.device_total = total
+
+    def _block_counts(self, block: StepBlock, counts: _Counts) -> None:
+        """Samples and tokens: the batch's totals and throughput's running sums, which
+        are recounted when steps leave the window."""
+        s_known, s_sum, s_col = _counted(block.samples)
+        t_known, t_sum, t_col = _counted(block.tokens)
+        counts.any_samples = counts.any_samples or s_known
+        counts.any_tokens = counts.any_tokens or t_known
+        counts.samples += s_sum
+        counts.tokens += t_sum
+        window, maxlen = self._throughput, self._throughput.maxlen
+        full = maxlen is not None and len(window) + block.k > maxlen
+        window.extend(zip(block.ends, s_col, t_col, strict=True))
+        if full:
+            self._tp_samples = sum(w[1] for w in window)
+            self._tp_tokens = sum(w[2] for w in window)
+        else:
+            self._tp_samples += sum(s_col)
+            self._tp_tokens += sum(t_col)
+
     def _block_phases(
         self,
         block: StepBlock,
-        host_series: dict[str, list[Any]],
         touched: list[list[Any]],
         records: list[tuple[str, Any, float]] | None,
-    ) -> None:
-        """A block's phase durations into their series' buffers, in step order."""
+    ) -> list[list[Any]]:
+        """A block's phase durations into their series' buffers, in step order; returns
+        each row's series entry."""
         by_entry: dict[int, tuple[list[Any], list[list[float]]]] = {}
-        for r, row in enumerate(block.template.rows):
-            entry = host_series.get(row[2])
+        shape, rows = block.shape, []
+        for r, (name, device) in enumerate(zip(shape.names, shape.devices, strict=True)):
+            entry = self._series[device].get(name)
             if entry is None:
-                entry = self._phase_series(row[2], False)
+                entry = self._phase_series(name, device)
+            rows.append(entry)
             by_entry.setdefault(id(entry), (entry, []))[1].append(block.phase_seconds[r])
         for entry, cols in by_entry.values():
             buf = entry[3]
@@ -361,15 +298,22 @@ class Worker:
                 records.extend(
                     (c.PHASE_DURATION.name, attrs, v) for v in buf[-block.k * len(cols) :]
                 )
+        return rows
 
-    def _observe_block(self, block: StepBlock) -> bool:
-        """The efficiency tracker takes a whole block (False: observe its steps)."""
-        assert self.efficiency is not None
-        try:
-            return self.efficiency.observe_block(block, self.agg)
-        except Exception:
-            self._efficiency_failed()
-            return True
+    def _block_memory(self, block: StepBlock, series: list[str]) -> None:
+        """Each phase's peak memory gauges (by its series' name), step by step: the last
+        value stays."""
+        memory, agg, total = block.memory, self.agg, self._device_total
+        assert memory is not None
+        for i in range(block.k):
+            for r, name in enumerate(series):
+                m = memory[r][i]
+                if m is None:
+                    continue
+                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[0])
+                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[1])
+                if total:
+                    agg.set(c.PHASE_MEMORY_UTILIZATION.name, ((A_PHASE, name),), m[1] / total)
 
     def _phase_series(self, name: str, device: bool) -> list[Any]:
         """[histogram, attributes, series name, values waiting for the histogram]."""
@@ -386,12 +330,12 @@ class Worker:
             self._series[device][name] = entry
         return entry
 
-    def _observe_efficiency(self, step: ResolvedStep | None, when: str = "") -> None:
+    def _observe_efficiency(self, block: StepBlock | None, when: str = "") -> None:
         """MFU, data stall and goodput (efficiency.py); a failure disables only them."""
         assert self.efficiency is not None
         try:
-            if step is not None:
-                step.efficiency = self.efficiency.observe(step, self.agg)
+            if block is not None:
+                self.efficiency.observe(block, self.agg)
             elif when == "begin":
                 self.efficiency.drain_regions(self.agg)
             else:
@@ -404,26 +348,27 @@ class Worker:
         self.efficiency = self.console.efficiency = None
         _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
-    def _publish_throughput(self, step: ResolvedStep) -> None:
+    def _publish_throughput(self, block: StepBlock) -> None:
         """Samples and tokens per second over the last ``throughput_window`` steps.
 
         Rate over the window = what the steps after the oldest one processed, divided by
         the time from the oldest step's end to the newest step's end (running sums).
         """
         window = self._throughput
+        samples, tokens = block.samples[-1], block.tokens[-1]
         if len(window) >= 2:
             span_s = (window[-1][0] - window[0][0]) / 1e9
-            samples = self._tp_samples - window[0][1]
-            tokens = self._tp_tokens - window[0][2]
+            done_samples = self._tp_samples - window[0][1]
+            done_tokens = self._tp_tokens - window[0][2]
         else:
-            span_s = step.host_seconds
-            samples, tokens = step.samples or 0, step.tokens or 0
+            span_s = block.seconds[-1]
+            done_samples, done_tokens = samples or 0, tokens or 0
         if span_s <= 0:
             return
-        if step.samples is not None:
-            self.agg.set(c.THROUGHPUT_SAMPLES.name, (), samples / span_s)
-        if step.tokens is not None:
-            self.agg.set(c.THROUGHPUT_TOKENS.name, (), tokens / span_s)
+        if samples is not None:
+            self.agg.set(c.THROUGHPUT_SAMPLES.name, (), done_samples / span_s)
+        if tokens is not None:
+            self.agg.set(c.THROUGHPUT_TOKENS.name, (), done_tokens / span_s)
 
     # -- spans -------------------------------------------------------------------------
 
@@ -447,13 +392,23 @@ class Worker:
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
                 for row in step.rows:
-                    entry = self._series[row[5] is not None].get(row[2])
+                    entry = self._series[row[DEV_START] is not None].get(row[NAME])
                     if entry is not None:  # folded names map to the "_other" series
-                        entry[0].attach_exemplar(Exemplar(row[9], when, trace_id, span_id))
+                        entry[0].attach_exemplar(Exemplar(row[SECONDS], when, trace_id, span_id))
         # Spans are emitted after the batch's metrics were updated: publish the count now,
         # or the last batch (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
+
+
+class _Counts:
+    """A batch's samples and tokens: whether any step knew them, and their sums."""
+
+    __slots__ = ("any_samples", "any_tokens", "samples", "tokens")
+
+    def __init__(self) -> None:
+        self.any_samples = self.any_tokens = False
+        self.samples = self.tokens = 0
 
 
 def _counted(column: list[int | None]) -> tuple[bool, int, list[int]]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import build_own
+from ..recording.batch import Shape
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker, RegionLog
 from ..recording.recorder import Recorder, replica_stacks, stack_of
@@ -54,6 +55,7 @@ class RemoteSource:
         self.session: int | None = None
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._drained = 0.0
+        self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (batch.group_steps)
 
     def push(self, batch: Batch) -> None:
         with self._lock:
@@ -76,7 +78,7 @@ class RemoteSource:
                 self._report_idle()
 
     def _replica_take(self, keep_partial: bool) -> Batch:
-        batch = self._replica_source.take(True, derive=False, keep_partial=keep_partial)
+        batch = self._replica_source.take(derive=False, keep_partial=keep_partial)
         batch.counters = _REPLICA  # the replica's own are added in take()
         return batch
 
@@ -101,7 +103,7 @@ class RemoteSource:
                 stack.clear()
             self.session = None
 
-    def take(self, whole_blocks: bool = True) -> Batch:
+    def take(self) -> Batch:
         out = Batch(counters=self.counters)
         with self._lock:
             if self.session is not None and self.replica._log:
@@ -110,7 +112,9 @@ class RemoteSource:
             batches, self._batches = self._batches, collections.deque()
         extra = self.replica
         for batch in batches:
-            out.parts.extend(finished(part, whole_blocks) for part in batch.parts if part)
+            for part in batch.parts:
+                if part:
+                    out.parts.extend(finished(part, self.shapes))
             out.scalars.extend(batch.scalars)
             if batch.counters is not _REPLICA:
                 self.counters = batch.counters

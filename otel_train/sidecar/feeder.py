@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any
 
-from ..recording.blocks import StepBlock, Template
+from ..recording.batch import StepBlock
+from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker, RegionLog
 from ..recording.source import Batch, Counters, StepSource
 from ..settings import ConfigError, Settings
@@ -125,7 +126,7 @@ class Feeder:
         if self.handover.raw and not final:
             self._pump_raw(pumps % EXTRAS_EVERY == 0)
         else:
-            batch = self.source.take(whole_blocks=True, derive=False, keep_partial=not final)
+            batch = self.source.take(derive=False, keep_partial=not final)
             if not final:
                 with self.source.recorder._lock:
                     self.handover.try_enter()

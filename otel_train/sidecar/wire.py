@@ -28,7 +28,8 @@ import pickle
 import struct
 from typing import Any
 
-from ..recording.blocks import StepBlock, Template
+from ..recording.batch import StepBlock
+from ..recording.blocks import Template
 from ..recording.resolved import ResolvedStep
 from ..recording.source import Batch, Counters, Part
 

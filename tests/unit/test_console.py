@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from otel_train.recording.batch import group_steps
 from otel_train.recording.console import ConsoleReporter
 from otel_train.recording.resolved import ResolvedStep
 
@@ -35,8 +36,9 @@ def _printed(every: int, batches: list[list[ResolvedStep]]) -> str:
     console = ConsoleReporter(every, "stdout")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # the console writes to sys.stdout as it is then
-        for batch in batches:
-            console.add_many(batch)
+        for batch in batches:  # (consecutive steps of one shape share a block)
+            for block in group_steps(batch, {}):
+                console.add(block)
         console.print_summary()
     return out.getvalue()
 

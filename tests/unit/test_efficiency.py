@@ -488,6 +488,7 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
     """The summary gives the counting step's extra time over the typical step it was
     compared with, and says so plainly when the steps after it were slower."""
     from otel_train.recording.aggregate import MetricsAggregator
+    from otel_train.recording.batch import group_steps
     from otel_train.recording.console import fmt_seconds
     from otel_train.recording.efficiency import EfficiencyTracker, RegionLog, summary_lines
     from otel_train.recording.resolved import ResolvedStep
@@ -501,7 +502,8 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
         step = ResolvedStep(index, t, t + int(seconds * 1e9))
         step.samples = 8
         t += int(seconds * 1e9)
-        tracker.observe(step, agg)
+        (block,) = group_steps([step], {})
+        tracker.observe(block, agg)
     line = next(x for x in summary_lines(tracker, fmt_seconds) if "counting step took" in x)
     assert "+0.0" not in line and "+0 " not in line
     if counted_s > later_s:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_train.recording.batch import StepBlock, group_steps
 from otel_train.recording.resolved import ResolvedStep
 from otel_train.recording.sampling import StepSampler
 
@@ -21,11 +22,17 @@ def make(
     return step
 
 
+def one(step: ResolvedStep) -> StepBlock:
+    """A step as a block of one (the type the sampler reads)."""
+    (block,) = group_steps([step], {})
+    return block
+
+
 def run(sampler: StepSampler, steps: list[ResolvedStep]) -> list[tuple[int, int, str]]:
     """(offered at index, emitted index, reason) for every emission."""
     out = []
     for s in steps:
-        for e in sampler.offer(s):
+        for e in sampler.offer(one(s)):
             out.append((s.index, e.index, e.sampled_because))
     return out
 
@@ -120,6 +127,6 @@ def test_sampled_because_is_set_on_every_emitted_step(mode: str) -> None:
     sampler = StepSampler(mode, window=3, window_seconds=3600, slowest=1)
     out = []
     for i in range(9):
-        out += sampler.offer(make(i, (i * 7) % 5 + 1))
+        out += sampler.offer(one(make(i, (i * 7) % 5 + 1)))
     out += sampler.close_window()
     assert out and all(s.sampled_because in ("first", "slowest", "error", "all") for s in out)

@@ -1,0 +1,310 @@
+"""Finished steps as columns: the one batch type that metrics, the console, the
+efficiency figures and the trace sampler read.
+
+A :class:`StepBlock` holds ``k`` consecutive finished steps of one :class:`Shape` (their
+phases' names, nesting and clock, in seq order), as lists with one item per step. Two
+producers make them, and every consumer has one implementation for both:
+
+- the recorder's recognised steps (:mod:`.blocks`): a run of identical adapter steps,
+  whose columns come straight from the log entries' times (no object per step);
+- resolved steps (:mod:`.source`: replayed from the log, or with CUDA events resolved):
+  :func:`group_steps` puts consecutive steps of one shape in one block, so a step whose
+  shape repeats nowhere is a block of one.
+
+Only the steps chosen for traces become :class:`~.resolved.ResolvedStep` objects again
+(:meth:`StepBlock.step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import itemgetter, sub
+from typing import Any
+
+from .resolved import DEV_START, MEMORY, NAME, PARENT, SECONDS, SEQ, ResolvedStep, scalar_value
+
+MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
+_TIME = itemgetter(1)
+_SAMPLES = itemgetter(3)
+_TOKENS = itemgetter(4)
+
+
+class Shape:
+    """The phases of a step, in seq order: per row its seq, parent, name, depth and
+    whether CUDA events timed it (``devices``)."""
+
+    __slots__ = ("data_rows", "depths", "devices", "names", "parents", "seqs")
+
+    def __init__(
+        self, rows: Sequence[tuple[int, int, str]], devices: Sequence[bool] | None = None
+    ) -> None:
+        self.seqs = [r[0] for r in rows]
+        self.parents = [r[1] for r in rows]
+        self.names = [r[2] for r in rows]
+        self.devices = list(devices) if devices is not None else [False] * len(rows)
+        depth: dict[int, int] = {}
+        for seq, parent, _ in rows:  # (a parent not among the rows counts as depth 0)
+            depth[seq] = depth.get(parent, 0) + 1 if parent >= 0 else 0
+        self.depths = [depth[r[0]] for r in rows]
+        # Top-level "data" phases: the step's data-loading wait (efficiency.py).
+        self.data_rows = [i for i, r in enumerate(rows) if r[1] < 0 and r[2] == "data"]
+
+
+@dataclass(slots=True)  # one per traced step: a frozen dataclass costs ~1 us to build
+class StepEfficiency:
+    flops: float | None
+    source: str  # counted / scaled / given / estimate, "" when unknown
+    flops_per_s: float | None
+    mfu: float | None
+    data_share: float
+    counted: bool
+
+
+class EfficiencyColumns:
+    """What efficiency.py worked out for a block's steps, one item per step: FLOPs and
+    how they were found, whether the step was the counted one, and the FLOPs and
+    seconds that enter the achieved rate (0.0 for a step without a rate)."""
+
+    __slots__ = ("counted", "flops", "peak_flops_per_s", "rate_flops", "rate_seconds", "source")
+
+    def __init__(
+        self,
+        flops: list[float | None],
+        source: list[str],
+        counted: list[bool],
+        rate_flops: list[float],
+        rate_seconds: list[float],
+        peak_flops_per_s: float | None,
+    ) -> None:
+        self.flops, self.source, self.counted = flops, source, counted
+        self.rate_flops, self.rate_seconds = rate_flops, rate_seconds
+        self.peak_flops_per_s = peak_flops_per_s
+
+    def of_step(self, block: StepBlock, i: int) -> StepEfficiency:
+        """Step ``i``'s figures, as a span carries them."""
+        seconds, rated = block.seconds[i], self.rate_seconds[i]
+        rate = mfu = None
+        if rated > 0:
+            rate = self.rate_flops[i] / rated
+            if self.peak_flops_per_s is not None:
+                mfu = rate / self.peak_flops_per_s
+        data = block.data_seconds()[i]
+        return StepEfficiency(self.flops[i], self.source[i], rate, mfu,
+                              data / seconds if seconds > 0 else 0.0, self.counted[i])  # fmt: skip
+
+
+class StepBlock:
+    """``k`` consecutive finished steps of one shape, indices ``first`` .. ``first+k-1``.
+
+    Columns (one item per step): ``starts``/``ends`` (host ns), ``seconds`` (host step
+    seconds), ``samples``/``tokens`` (None where unknown), ``scalars`` (each step's, or
+    None when no step has any), ``durations`` (span extent in ns, device times included),
+    ``device_seconds`` (None for a host-only block), ``errors`` (offsets of steps that
+    raised). Per phase row of the shape: ``phase_seconds[r]`` (device seconds where
+    measured) and ``memory[r]`` (None when no row has memory figures).
+    """
+
+    __slots__ = ("_data", "_entries", "_steps", "_times", "device_seconds", "durations",
+                 "efficiency", "ends", "errors", "first", "k", "memory", "phase_seconds",
+                 "samples", "scalars", "seconds", "shape", "starts", "template",
+                 "tokens")  # fmt: skip
+
+    def __init__(self, template: Any, entries: list[tuple[Any, ...]], first: int) -> None:
+        """A run of recognised steps: ``template`` (blocks.Template) and its k * m log
+        entries; the columns come later, off the recorder's lock (:meth:`columns`)."""
+        self.template = template
+        self.shape: Shape = template.shape if template is not None else Shape(())
+        self._entries = entries
+        self.first = first
+        self.k = len(entries) // template.m if template is not None else 0
+        self._steps: list[ResolvedStep] | None = None
+        self.efficiency: EfficiencyColumns | None = None  # set by the efficiency tracker
+        self._data: list[float] | None = None
+        self.memory: list[list[Any]] | None = None
+        self.errors: list[int] = []
+        self.device_seconds: list[float | None] | None = None
+
+    # -- resolved steps ------------------------------------------------------------------
+
+    @classmethod
+    def of_steps(cls, steps: list[ResolvedStep], shape: Shape) -> StepBlock:
+        """Consecutive resolved steps that all have ``shape``."""
+        block = cls(None, [], steps[0].index)
+        block.shape, block.k, block._steps = shape, len(steps), steps
+        block.starts = [s.host_start for s in steps]
+        block.ends = [s.host_end for s in steps]
+        block.seconds = [s.host_seconds for s in steps]
+        block.samples = [s.samples for s in steps]
+        block.tokens = [s.tokens for s in steps]
+        block.durations = [s.end - s.start for s in steps]
+        rows = [s.rows for s in steps]
+        block.phase_seconds = [[r[i][SECONDS] for r in rows] for i in range(len(shape.names))]
+        if any(row[MEMORY] is not None for r in rows for row in r):
+            block.memory = [[r[i][MEMORY] for r in rows] for i in range(len(shape.names))]
+        block.errors = [i for i, s in enumerate(steps) if s.error]
+        if any(s.device_seconds is not None for s in steps):
+            block.device_seconds = [s.device_seconds for s in steps]
+        block.scalars = [s.scalars for s in steps] if any(s.scalars for s in steps) else None
+        return block
+
+    # -- recognised steps ----------------------------------------------------------------
+
+    def columns(self) -> None:
+        """Derive the columns (from the log entries, or from :meth:`from_raw`'s)."""
+        if self._steps is not None:
+            return
+        if self._entries:
+            self.take_raw()
+        tpl, m = self.template, self.template.m
+        times = self._times
+        starts = self.starts = times[tpl.start :: m]
+        ends = self.ends = times[tpl.end :: m]
+        # The recorder's own arithmetic, so each figure is the one the replay would give.
+        self.seconds = [(b - a) / 1e9 if b > a else 0.0 for a, b in zip(starts, ends, strict=True)]
+        self.durations = list(map(sub, ends, starts))  # host times only in a block
+        self.phase_seconds = [
+            [
+                (b - a) / 1e9 if b > a else 0.0
+                for a, b in zip(times[i0::m], times[i1::m], strict=True)
+            ]
+            for _, _, _, i0, i1 in tpl.rows
+        ]
+
+    def take_raw(self) -> tuple[list[int], list[int | None], list[int | None], Any]:
+        """What the columns derive from, in plain lists (the log entries are let go):
+        every entry's time, each step's samples and tokens and its scalars (or None)."""
+        tpl, m = self.template, self.template.m
+        self._times = list(map(_TIME, self._entries))
+        self.samples, self.tokens = self._counts()
+        # Each step's scalars, resolved as the worker resolves a replayed step's.
+        self.scalars: list[list[tuple[str, float]]] | None = None
+        if tpl.scalars:
+            per_step: list[list[tuple[str, float]]] = [[] for _ in range(self.k)]
+            for p in tpl.scalars:
+                for out, entry in zip(per_step, self._entries[p::m], strict=True):
+                    out.extend(
+                        (n, v) for n, raw in entry[3] if (v := scalar_value(raw)) is not None
+                    )
+            self.scalars = per_step
+        self._entries = []
+        return self._times, self.samples, self.tokens, self.scalars
+
+    @classmethod
+    def from_raw(
+        cls,
+        template: Any,
+        first: int,
+        times: list[int],
+        samples: list[int | None],
+        tokens: list[int | None],
+        scalars: list[list[tuple[str, float]]] | None,
+    ) -> StepBlock:
+        """A block rebuilt from :meth:`take_raw`'s lists (in the sidecar's process)."""
+        block = cls(template, [], first)
+        block.k = len(times) // template.m
+        block._times, block.samples, block.tokens, block.scalars = times, samples, tokens, scalars
+        return block
+
+    def _counts(self) -> tuple[list[int | None], list[int | None]]:
+        tpl, m = self.template, self.template.m
+        if not tpl.counts:
+            none: list[int | None] = [None] * self.k
+            return none, list(none)
+        c = tpl.counts[0]
+        samples = list(map(_SAMPLES, self._entries[c::m]))
+        tokens = list(map(_TOKENS, self._entries[c::m]))
+        for c in tpl.counts[1:]:  # several fetches per step (gradient accumulation)
+            more = self._entries[c::m]
+            samples = [_add(a, e[3]) for a, e in zip(samples, more, strict=True)]
+            tokens = [_add(a, e[4]) for a, e in zip(tokens, more, strict=True)]
+        return samples, tokens
+
+    # -- reading -------------------------------------------------------------------------
+
+    def data_seconds(self) -> list[float]:
+        """Each step's time in top-level ``data`` phases, summed as the replay's step is."""
+        if self._data is not None:
+            return self._data
+        rows = self.shape.data_rows
+        if not rows:
+            out = [0.0] * self.k
+        else:
+            cols = [self.phase_seconds[i] for i in rows]
+            out = [0.0 + v for v in cols[0]]
+            for col in cols[1:]:
+                out = [a + v for a, v in zip(out, col, strict=True)]
+        self._data = out
+        return out
+
+    def rate_seconds(self) -> list[float]:
+        """The seconds a step's FLOP rate is taken over: device time when measured."""
+        dev = self.device_seconds
+        if dev is None:
+            return self.seconds
+        return [d if d else h for d, h in zip(dev, self.seconds, strict=True)]
+
+    def step(self, i: int) -> ResolvedStep:
+        """Step ``first + i`` as the replay would have resolved it, with its efficiency
+        figures when the tracker observed the block."""
+        rs = self._steps[i] if self._steps is not None else self._built(i)
+        if self.efficiency is not None:
+            rs.efficiency = self.efficiency.of_step(self, i)
+        return rs
+
+    def _built(self, i: int) -> ResolvedStep:
+        tpl, m = self.template, self.template.m
+        rs = ResolvedStep(self.first + i, self.starts[i], self.ends[i])
+        rs.samples, rs.tokens = self.samples[i], self.tokens[i]
+        times = self._times
+        base = i * m
+        rs.rows = [
+            (
+                seq,
+                parent,
+                name,
+                times[base + i0],
+                times[base + i1],
+                None,
+                None,
+                None,
+                None,
+                self.phase_seconds[r][i],
+            )
+            for r, (seq, parent, name, i0, i1) in enumerate(tpl.rows)
+        ]
+        if self.scalars is not None:
+            rs.scalars = list(self.scalars[i])
+        return rs
+
+
+def group_steps(steps: list[ResolvedStep], shapes: dict[Any, Shape]) -> list[StepBlock]:
+    """Resolved steps as blocks: consecutive steps of one shape share a block.
+    ``shapes``: the caller's cache of shapes by key (kept under :data:`MAX_SHAPES`)."""
+    out: list[StepBlock] = []
+    run: list[ResolvedStep] = []
+    key: Any = None
+    for s in steps:
+        k = tuple((r[SEQ], r[PARENT], r[NAME], r[DEV_START] is not None) for r in s.rows)
+        if k != key and run:
+            out.append(StepBlock.of_steps(run, _shape(shapes, key)))
+            run = []
+        key = k
+        run.append(s)
+    if run:
+        out.append(StepBlock.of_steps(run, _shape(shapes, key)))
+    return out
+
+
+def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:
+    shape = shapes.get(key)
+    if shape is None:
+        if len(shapes) >= MAX_SHAPES:
+            shapes.clear()
+        shape = shapes[key] = Shape([k[:3] for k in key], [k[3] for k in key])
+    return shape
+
+
+def _add(total: int | None, more: int | None) -> int | None:
+    """The recorder's count arithmetic: None until a count arrives."""
+    return total if more is None else (total or 0) + more
