@@ -24,8 +24,9 @@ from .export.setup import (
 )
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
-from .recording.efficiency import EfficiencyTracker, RegionLog
+from .recording.efficiency import EfficiencyTracker
 from .recording.recorder import Recorder
+from .recording.regions import RegionLog
 from .recording.source import StepSource
 from .recording.worker import Worker
 from .settings import ConfigError, Settings

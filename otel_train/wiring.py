@@ -51,7 +51,7 @@ def build_consumer(
     publisher: Publisher | None = None
     if t.meter_provider is not None:
         if t.bridge is not None:
-            t.bridge.aggregator = aggregator
+            t.bridge.attach(aggregator)
         meter = t.meter_provider.get_meter(c.SCOPE_NAME, version)
         publisher = Publisher(meter, aggregator, histograms_via_api=t.bridge is None)
         # Instruments cannot be removed from a provider: a finished session's keep

@@ -39,11 +39,17 @@ class HistogramBridge:
     """Turns aggregator snapshots into SDK ``Metric`` objects."""
 
     def __init__(self, resource: Resource, version: str) -> None:
-        self.aggregator: MetricsAggregator | None = None  # attached by the session
+        # A provider (and its bridge) can outlive a session: each session attaches its own.
+        self.aggregator: MetricsAggregator | None = None
         self.resource = resource
         self.scope = InstrumentationScope(c.SCOPE_NAME, version)
         self._last: dict[int, dict[tuple[str, Any], tuple[HistogramState, int]]] = {}
         self._lock = threading.Lock()
+
+    def attach(self, aggregator: MetricsAggregator) -> None:
+        """Read this aggregator from now on: the one of the session that now owns the
+        provider (a provider passed to several sessions in turn, as tests do)."""
+        self.aggregator = aggregator
 
     def metrics(self, reader_id: int, delta: bool) -> list[Metric]:
         agg = self.aggregator

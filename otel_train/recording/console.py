@@ -192,7 +192,7 @@ class ConsoleReporter:
 
     def _efficiency_head(self) -> str:
         tracker = self.efficiency
-        if tracker is None:
+        if tracker is None or tracker.failed:
             return ""
         text = ""
         if self._win_flop_seconds > 0:
@@ -237,7 +237,7 @@ class ConsoleReporter:
             lines.append(f"  {self.run_samples:,} samples ({self.run_samples / wall:,.1f}/s)")
         if self.run_tokens:
             lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
-        if self.efficiency is not None:
+        if self.efficiency is not None and not self.efficiency.failed:
             from .efficiency import summary_lines
 
             lines += summary_lines(self.efficiency, fmt_seconds)

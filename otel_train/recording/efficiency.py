@@ -24,8 +24,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-from time import perf_counter_ns
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -35,45 +34,14 @@ from .aggregate import MetricsAggregator
 from .batch import EfficiencyColumns, StepBlock, StepEfficiency
 from .flops import CountResult, FlopProbe, dtype_label, parameter_count
 from .peaks import Peak, lookup_peak
+from .regions import RegionLog
 
 _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
 RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
 MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
-REGION_KINDS = ("evaluation", "checkpoint")
 CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
-
-
-class RegionLog:
-    """Evaluation / checkpoint regions, appended by the training thread (bounded)."""
-
-    def __init__(self) -> None:
-        self.done: collections.deque[tuple[str, int, int]] = collections.deque(maxlen=4096)
-
-    def region(self, kind: str) -> Region:
-        if kind not in REGION_KINDS:
-            raise ValueError(
-                f"otel_train.region(): kind must be one of {', '.join(REGION_KINDS)}; got {kind!r}"
-            )
-        return Region(self, kind)
-
-
-class Region:
-    __slots__ = ("_kind", "_log", "_t0")
-
-    def __init__(self, log: RegionLog, kind: str) -> None:
-        self._log = log
-        self._kind = kind
-        self._t0 = 0
-
-    def __enter__(self) -> Region:
-        self._t0 = perf_counter_ns()
-        return self
-
-    def __exit__(self, *exc: Any) -> Literal[False]:
-        self._log.done.append((self._kind, self._t0, perf_counter_ns()))
-        return False
 
 
 def _cuda_in_use() -> bool:
@@ -153,6 +121,11 @@ class EfficiencyTracker:
         self.flop_seconds_total = 0.0
         self.data_total = 0.0
         self.step_total = 0.0
+        self.failed = False  # set by disable(): the figures stop, in tables and summary
+
+    def disable(self) -> None:
+        """After an error computing the figures: none are shown or exported again."""
+        self.failed = True
 
     def note_model(self, target: Any) -> None:
         """Remember a model instrument() saw (the 6 x parameters x tokens estimate needs it)."""

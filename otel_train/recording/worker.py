@@ -345,7 +345,9 @@ class Worker:
 
     def _efficiency_failed(self) -> None:
         """Called from an except block: the figures are disabled, the rest goes on."""
-        self.efficiency = self.console.efficiency = None
+        if self.efficiency is not None:
+            self.efficiency.disable()  # (the console reads the tracker too)
+        self.efficiency = None
         _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
     def _publish_throughput(self, block: StepBlock) -> None:

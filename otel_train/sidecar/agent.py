@@ -27,8 +27,9 @@ from ..export.resource import rank
 from ..export.setup import build_own
 from ..recording.batch import Shape
 from ..recording.blocks import Template
-from ..recording.efficiency import EfficiencyTracker, RegionLog
+from ..recording.efficiency import EfficiencyTracker
 from ..recording.recorder import Recorder, replica_stacks, stack_of
+from ..recording.regions import RegionLog
 from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError
 from ..wiring import build_consumer

@@ -21,7 +21,8 @@ from typing import Any
 
 from ..recording.batch import StepBlock
 from ..recording.blocks import Template
-from ..recording.efficiency import EfficiencyTracker, RegionLog
+from ..recording.efficiency import EfficiencyTracker
+from ..recording.regions import RegionLog
 from ..recording.source import Batch, Counters, StepSource
 from ..settings import ConfigError, Settings
 from . import wire

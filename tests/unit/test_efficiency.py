@@ -490,7 +490,8 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
     from otel_train.recording.aggregate import MetricsAggregator
     from otel_train.recording.batch import group_steps
     from otel_train.recording.console import fmt_seconds
-    from otel_train.recording.efficiency import EfficiencyTracker, RegionLog, summary_lines
+    from otel_train.recording.efficiency import EfficiencyTracker, summary_lines
+    from otel_train.recording.regions import RegionLog
     from otel_train.recording.resolved import ResolvedStep
     from otel_train.settings import Settings
 
