@@ -3,6 +3,7 @@ declares is emitted (CUDA-only ones excepted on machines without CUDA)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -33,6 +34,28 @@ def test_docs_telemetry_md_is_the_generated_reference() -> None:
     assert (REPO / "docs" / "telemetry.md").read_text() == generated, (
         "docs/telemetry.md is stale: run `python -m otel_train.contract > docs/telemetry.md`"
     )
+
+
+def test_the_package_re_exports_every_public_name_of_its_parts() -> None:
+    """otel_train/contract/ is one contract: what any of its modules defines is a name of
+    ``otel_train.contract`` (listed in its ``__all__``), the same object."""
+    for path in sorted((REPO / "otel_train" / "contract").glob("*.py")):
+        if path.name.startswith("__"):
+            continue
+        module = __import__(f"otel_train.contract.{path.stem}", fromlist=["_"])
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            else:
+                continue
+            for name in names:
+                if not name.startswith("_"):
+                    assert name in c.__all__, f"{path.name}: {name} is not re-exported"
+                    assert getattr(c, name) is getattr(module, name), name
 
 
 def test_reference_lists_every_span_attribute_and_metric() -> None:

@@ -100,7 +100,7 @@ BASE = frozenset({"identity", "contract", "settings"})
 LAYERS: dict[str, frozenset[str]] = {
     # the foundation: nothing of the package but each other
     "identity": frozenset(),  # the debug components load it by its path, alone
-    "contract": BASE - {"contract"},
+    "contract": BASE - {"contract"},  # a package: one part, its modules import each other
     "settings": BASE - {"settings"},
     "signals": BASE,
     "debug": frozenset({"identity"}),  # loadable without the rest of otel-train
@@ -297,6 +297,34 @@ def test_the_package_docstring_draws_every_layer() -> None:
     doc = ast.get_docstring(ast.parse((PKG / "__init__.py").read_text())) or ""
     missing = [p for p in LAYERS if p != "otel_train" and p not in doc]
     assert not missing, f"otel_train/__init__.py's docstring does not draw {missing}"
+
+
+# The contract's own modules, in the order otel_train/contract/__init__.py draws: each
+# imports only the modules named here, and nothing else of otel-train.
+CONTRACT_PARTS: dict[str, frozenset[str]] = {
+    "specs": frozenset(),
+    "attributes": frozenset({"specs"}),
+    "events": frozenset({"specs"}),
+    "metrics": frozenset({"specs"}),
+    "spans": frozenset({"specs", "attributes", "events"}),
+    "prometheus": frozenset({"specs"}),
+    "markdown": frozenset({"specs", "attributes", "events", "metrics", "prometheus", "spans"}),
+}
+
+
+def test_the_contract_modules_import_only_those_below_them() -> None:
+    modules = package_modules()
+    mine = {m.rpartition(".")[2] for m in modules if m.startswith("otel_train.contract.")}
+    assert mine - {"__main__"} == set(CONTRACT_PARTS), "add the new module to CONTRACT_PARTS"
+    wrong: list[str] = []
+    for part, allowed in CONTRACT_PARTS.items():
+        path = modules[f"otel_train.contract.{part}"]
+        for target, line, _ in package_imports(path, set(modules)):
+            if target.rpartition(".")[0] != "otel_train.contract" or (
+                target.rpartition(".")[2] not in allowed
+            ):
+                wrong.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}")
+    assert not wrong, "contract modules against their drawn order:\n" + "\n".join(wrong)
 
 
 # The adapters' shared core: an adapter module imports these, never a sibling adapter.

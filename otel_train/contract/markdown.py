@@ -1,0 +1,72 @@
+"""docs/telemetry.md, rendered from the telemetry contract (``otel-train telemetry``, or
+``python -m otel_train.contract``)."""
+
+from __future__ import annotations
+
+from .attributes import RESOURCE_ATTRIBUTES
+from .events import EVENTS
+from .metrics import DURATION_BUCKETS, METRIC_ATTRIBUTES, METRICS
+from .prometheus import prometheus_base_name
+from .spans import ADAPTER_PHASES, SPANS
+from .specs import SCOPE_NAME
+
+# --- generated reference ---------------------------------------------------------------
+
+
+def render_markdown() -> str:
+    """The text of docs/telemetry.md."""
+    out = [
+        "# Telemetry reference",
+        "",
+        "Generated from `otel_train/contract.py` by `otel-train telemetry`; "
+        "a test keeps this file identical to that output. Do not edit by hand.",
+        "",
+        f"Instrumentation scope: `{SCOPE_NAME}`. Units are UCUM.",
+        "",
+        "## Spans",
+        "",
+        "One trace per sampled training step: the step span is the root and phases are its "
+        "children (nested phases nest).",
+        "",
+    ]
+    for span in SPANS:
+        out += [f"### `{span.name}`", "", span.description, ""]
+        out += ["| attribute | type | unit | description |", "|---|---|---|---|"]
+        for a in span.attributes:
+            out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
+        out.append("")
+    out += ["### Phase names from the adapters", "", "| phase | what it covers |", "|---|---|"]
+    for name, what in ADAPTER_PHASES.items():
+        out.append(f"| `{name}` | {what} |")
+    for event, (where, attributes) in EVENTS.items():
+        out += ["", f"### Event `{event}`", "", where, ""]
+        out += ["| attribute | type | unit | description |", "|---|---|---|---|"]
+        for a in attributes:
+            out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
+    out += ["", "## Resource attributes", "", "Set when otel-train builds the SDK itself.", ""]
+    out += ["| attribute | type | description |", "|---|---|---|"]
+    for a in RESOURCE_ATTRIBUTES:
+        out.append(f"| `{a.key}` | {a.type} | {a.description} |")
+    out += [
+        "",
+        "## Metrics",
+        "",
+        "Prometheus names are those of Prometheus's OTLP receiver; the in-process `/metrics` "
+        "endpoint names gauges of unit `1` without the `_ratio` suffix.",
+        "",
+        "| metric | instrument | unit | attributes | Prometheus | description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in METRICS:
+        attrs = ", ".join(f"`{a}`" for a in m.attributes) or "-"
+        prom = f"`{prometheus_base_name(m)}`"
+        out.append(
+            f"| `{m.name}` | {m.instrument} | `{m.unit}` | {attrs} | {prom} | {m.description} |"
+        )
+    out += ["", "Duration histogram bucket boundaries (seconds): "]
+    out.append(", ".join(f"{b:g}" for b in DURATION_BUCKETS) + ".")
+    out += ["", "## Metric attributes", "", "| attribute | meaning |", "|---|---|"]
+    for key, meaning in METRIC_ATTRIBUTES.items():
+        out.append(f"| `{key}` | {meaning} |")
+    out.append("")
+    return "\n".join(out)

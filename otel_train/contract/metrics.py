@@ -1,0 +1,213 @@
+"""Metrics of the telemetry contract: every instrument with its kind, unit and
+description, the attribute keys their data points carry, and the duration histogram
+buckets."""
+
+from __future__ import annotations
+
+from .specs import MetricSpec
+
+# Seconds. Covers sub-millisecond CPU phases to multi-minute RL rollouts.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 600.0,
+)  # fmt: skip
+
+# --- metric attribute keys ---------------------------------------------------
+
+A_PHASE = "phase"
+A_CLOCK = "clock"
+A_KIND = "kind"
+A_NAME = "name"
+A_REASON = "reason"
+A_DTYPE = "dtype"
+A_CATEGORY = "category"
+
+METRIC_ATTRIBUTES = {
+    A_PHASE: "Phase name (data, forward, backward, optimizer, rollout, ...).",
+    A_CLOCK: "device when measured with CUDA events, host otherwise.",
+    A_KIND: "allocated or reserved (CUDA caching allocator).",
+    A_NAME: "User scalar name as given to otel_train.record().",
+    A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
+    "ended after its step had ended, or ran on another thread while no step was open), "
+    "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
+    "training process could not hand to its sidecar process: pipe and buffer full, or the "
+    "sidecar gone), export (spans whose "
+    "OTLP export failed), span_queue (spans dropped because the export queue was full) or "
+    "metric_export (metric data points whose OTLP export failed).",
+    A_DTYPE: "Matmul dtype the peak is for: fp32, tf32, bf16, fp16 or fp8.",
+    A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
+    "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",
+}
+
+# --- metrics -----------------------------------------------------------------
+
+STEP_DURATION = MetricSpec(
+    "otel_train.step.duration", "histogram", "s", "Host wall time of each training step."
+)
+PHASE_DURATION = MetricSpec(
+    "otel_train.phase.duration",
+    "histogram",
+    "s",
+    "Duration of each phase: device time from CUDA events when available, host time otherwise.",
+    (A_PHASE, A_CLOCK),
+)
+PHASE_MEMORY_PEAK = MetricSpec(
+    "otel_train.phase.memory.peak",
+    "gauge",
+    "By",
+    "Peak CUDA allocator bytes during the phase in the most recent step (CUDA only).",
+    (A_PHASE, A_KIND),
+)
+PHASE_MEMORY_UTILIZATION = MetricSpec(
+    "otel_train.phase.memory.utilization",
+    "gauge",
+    "1",
+    "Peak reserved bytes during the phase / total device memory, most recent step (CUDA only).",
+    (A_PHASE,),
+)
+DEVICE_MEMORY_LIMIT = MetricSpec(
+    "otel_train.device.memory.limit", "gauge", "By", "Total memory of the training device (CUDA)."
+)
+PROCESS_MEMORY_RSS = MetricSpec(
+    "otel_train.process.memory.rss", "gauge", "By", "Resident set size of the training process."
+)
+PROCESS_MEMORY_PEAK_RSS = MetricSpec(
+    "otel_train.process.memory.peak_rss",
+    "gauge",
+    "By",
+    "Peak resident set size of the training process.",
+)
+HOST_MEMORY_TOTAL = MetricSpec(
+    "otel_train.host.memory.total",
+    "gauge",
+    "By",
+    "Physical memory of the host (the limit process RSS is read against on CPU runs).",
+)
+THROUGHPUT_SAMPLES = MetricSpec(
+    "otel_train.throughput.samples",
+    "gauge",
+    "{sample}/s",
+    "Samples per second of wall time over the recent throughput window.",
+)
+THROUGHPUT_TOKENS = MetricSpec(
+    "otel_train.throughput.tokens",
+    "gauge",
+    "{token}/s",
+    "Tokens per second of wall time over the recent throughput window.",
+)
+THROUGHPUT_FLOPS = MetricSpec(
+    "otel_train.throughput.flops",
+    "gauge",
+    "{flop}/s",
+    "Achieved FLOP/s over the recent throughput window: step FLOPs / step time (device time "
+    "with CUDA). The counted step is left out.",
+)
+MFU = MetricSpec(
+    "otel_train.mfu",
+    "gauge",
+    "1",
+    "Model FLOPs utilization over the recent throughput window: achieved FLOP/s / dense "
+    "peak. Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
+)
+DEVICE_PEAK_FLOPS = MetricSpec(
+    "otel_train.device.peak_flops",
+    "gauge",
+    "{flop}/s",
+    "Dense peak FLOP/s MFU is measured against (datasheet table, or the peak_tflops "
+    "setting). Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
+    (A_DTYPE,),
+)
+FLOPS_PER_STEP = MetricSpec(
+    "otel_train.flops.per_step",
+    "gauge",
+    "{flop}",
+    "FLOPs of the most recent step (counted, scaled, given or estimated).",
+)
+FLOPS_COUNT_COST = MetricSpec(
+    "otel_train.flops.count_cost",
+    "gauge",
+    "s",
+    "Extra wall time the FLOP-counting step took: its duration less the median of the "
+    "next five steps'.",
+)
+DATA_STALL = MetricSpec(
+    "otel_train.data.stall",
+    "gauge",
+    "1",
+    "Share of step wall time spent waiting for batches (data phases) over the recent "
+    "throughput window.",
+)
+RUN_TIME = MetricSpec(
+    "otel_train.run.time",
+    "counter",
+    "s",
+    "Run wall time since the first step, by where it went.",
+    (A_CATEGORY,),
+)
+GOODPUT = MetricSpec(
+    "otel_train.goodput",
+    "gauge",
+    "1",
+    "Share of run wall time (since the first step) spent training: steps less data waits.",
+)
+STEPS = MetricSpec("otel_train.steps", "counter", "{step}", "Training steps completed.")
+SAMPLES = MetricSpec("otel_train.samples", "counter", "{sample}", "Samples processed.")
+TOKENS = MetricSpec("otel_train.tokens", "counter", "{token}", "Tokens processed.")
+SCALAR = MetricSpec(
+    "otel_train.scalar",
+    "gauge",
+    "{value}",
+    "Last value of a user scalar (loss, reward, ...) given to otel_train.record().",
+    (A_NAME,),
+)
+PENDING_STEPS = MetricSpec(
+    "otel_train.pending.steps",
+    "gauge",
+    "{step}",
+    "Finished steps waiting for their CUDA events to resolve.",
+)
+DROPPED = MetricSpec(
+    "otel_train.dropped",
+    "counter",
+    "{item}",
+    "Telemetry dropped so that training is never blocked.",
+    (A_REASON,),
+)
+SPANS_EMITTED = MetricSpec(
+    "otel_train.spans.emitted", "counter", "{span}", "Spans handed to the tracer."
+)
+OVERHEAD = MetricSpec(
+    "otel_train.overhead",
+    "gauge",
+    "s",
+    "CPU time of otel-train's background worker per training step (recent average).",
+)
+
+METRICS = (
+    STEP_DURATION,
+    PHASE_DURATION,
+    PHASE_MEMORY_PEAK,
+    PHASE_MEMORY_UTILIZATION,
+    DEVICE_MEMORY_LIMIT,
+    PROCESS_MEMORY_RSS,
+    PROCESS_MEMORY_PEAK_RSS,
+    HOST_MEMORY_TOTAL,
+    THROUGHPUT_SAMPLES,
+    THROUGHPUT_TOKENS,
+    THROUGHPUT_FLOPS,
+    MFU,
+    DEVICE_PEAK_FLOPS,
+    FLOPS_PER_STEP,
+    FLOPS_COUNT_COST,
+    DATA_STALL,
+    RUN_TIME,
+    GOODPUT,
+    STEPS,
+    SAMPLES,
+    TOKENS,
+    SCALAR,
+    PENDING_STEPS,
+    DROPPED,
+    SPANS_EMITTED,
+    OVERHEAD,
+)

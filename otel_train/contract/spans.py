@@ -1,0 +1,89 @@
+"""Spans of the telemetry contract: the step span (root of its trace), the phase span,
+and the phase names the adapters emit."""
+
+from __future__ import annotations
+
+from .attributes import (
+    PHASE_ALLOC_RETRIES,
+    PHASE_CLOCK,
+    PHASE_DEVICE_DURATION,
+    PHASE_HOST_DURATION,
+    PHASE_NAME,
+    PHASE_OOMS,
+    PHASE_PEAK_ALLOCATED,
+    PHASE_PEAK_RESERVED,
+    PHASE_PEAK_UTILIZATION,
+    RANK,
+    STEP_DATA_STALL,
+    STEP_DEVICE_DURATION,
+    STEP_FLOPS,
+    STEP_FLOPS_COUNTED,
+    STEP_FLOPS_SOURCE,
+    STEP_HOST_DURATION,
+    STEP_INDEX,
+    STEP_MFU,
+    STEP_SAMPLED_BECAUSE,
+    STEP_SAMPLES,
+    STEP_THROUGHPUT_FLOPS,
+    STEP_THROUGHPUT_SAMPLES,
+    STEP_THROUGHPUT_TOKENS,
+    STEP_TOKENS,
+)
+from .events import OOM_EVENT
+from .specs import SpanSpec
+
+# --- spans -------------------------------------------------------------------------
+
+STEP_SPAN = SpanSpec(
+    "otel_train.step",
+    "One training step (root of its own trace). Start: first host boundary; end: the later "
+    "of host exit and the last device event.",
+    (
+        STEP_INDEX,
+        STEP_SAMPLES,
+        STEP_TOKENS,
+        RANK,
+        STEP_HOST_DURATION,
+        STEP_DEVICE_DURATION,
+        STEP_THROUGHPUT_SAMPLES,
+        STEP_THROUGHPUT_TOKENS,
+        STEP_FLOPS,
+        STEP_FLOPS_SOURCE,
+        STEP_FLOPS_COUNTED,
+        STEP_THROUGHPUT_FLOPS,
+        STEP_MFU,
+        STEP_DATA_STALL,
+        STEP_SAMPLED_BECAUSE,
+    ),
+)
+PHASE_SPAN = SpanSpec(
+    "<phase name>",
+    "One phase (data, forward, backward, optimizer, rollout, ...), child of its step or of "
+    "the enclosing phase. Named after the phase. Status ERROR and an `exception` event when "
+    f"the phase raised; an `{OOM_EVENT}` event on a CUDA out-of-memory error.",
+    (
+        PHASE_NAME,
+        STEP_INDEX,
+        PHASE_CLOCK,
+        PHASE_HOST_DURATION,
+        PHASE_DEVICE_DURATION,
+        PHASE_PEAK_ALLOCATED,
+        PHASE_PEAK_RESERVED,
+        PHASE_PEAK_UTILIZATION,
+        PHASE_ALLOC_RETRIES,
+        PHASE_OOMS,
+    ),
+)
+SPANS = (STEP_SPAN, PHASE_SPAN)
+
+# Phase names the adapters emit (user phases and method maps add their own names).
+ADAPTER_PHASES = {
+    "data": "Waiting for the next batch (host clock): DataLoader next(), HF get_batch_samples, "
+    "the gap between Lightning batches, torchtitan next_batch.",
+    "forward": "From the start of the model's forward until backward starts (the loss included).",
+    "backward": "torch.autograd.backward (what loss.backward() calls).",
+    "optimizer": "The optimizer step, from its pre-hook to its post-hook.",
+    "microstep": "One gradient-accumulation micro-batch (forward and backward inside); HF and "
+    "Lightning adapters, only when accumulating.",
+    "forward_backward": "torchtitan-style forward_backward_step (backward nested inside).",
+}

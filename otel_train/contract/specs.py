@@ -1,0 +1,33 @@
+"""The shapes of the telemetry contract: what an attribute, a span and a metric declare,
+and the instrumentation scope everything is emitted under. The other modules of
+:mod:`otel_train.contract` hold the values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCOPE_NAME = "otel_train"
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    key: str
+    type: str  # "string" | "int" | "double" | "boolean"
+    unit: str  # UCUM unit of the value, "" when it has none
+    description: str
+
+
+@dataclass(frozen=True)
+class SpanSpec:
+    name: str  # a literal name, or a pattern in angle brackets for phase spans
+    description: str
+    attributes: tuple[AttributeSpec, ...]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    instrument: str  # "histogram" | "counter" | "gauge"
+    unit: str
+    description: str
+    attributes: tuple[str, ...] = ()
