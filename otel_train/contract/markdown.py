@@ -18,7 +18,7 @@ def render_markdown() -> str:
     out = [
         "# Telemetry reference",
         "",
-        "Generated from `otel_train/contract.py` by `otel-train telemetry`; "
+        "Generated from `otel_train/contract/` by `otel-train telemetry`; "
         "a test keeps this file identical to that output. Do not edit by hand.",
         "",
         f"Instrumentation scope: `{SCOPE_NAME}`. Units are UCUM.",
