@@ -54,11 +54,11 @@ from .backward import hold_backward
 from .base import (
     Instrumentation,
     close_phases,
-    count_batch,
     guarded,
     mark_region,
     patch_attribute,
 )
+from .batches import count_batch
 
 EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..recording.recorder import ADAPTER, Recorder
-from .base import Instrumentation, close_phases, count_batch, guarded, mark_region
+from .base import Instrumentation, close_phases, guarded, mark_region
+from .batches import count_batch
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")

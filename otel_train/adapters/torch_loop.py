@@ -30,7 +30,8 @@ import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
-from .base import Instrumentation, count_batch
+from .base import Instrumentation
+from .batches import count_batch
 
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.

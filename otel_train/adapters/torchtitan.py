@@ -38,7 +38,8 @@ import torch
 
 from ..recording.recorder import Recorder
 from .backward import hold_backward
-from .base import Instrumentation, count_batch, guarded, patch_attribute, time_methods
+from .base import Instrumentation, guarded, patch_attribute, time_methods
+from .batches import count_batch
 
 REQUIRED = ("train_step", "forward_backward_step")
 DATA_METHODS = ("next_batch", "batch_generator")

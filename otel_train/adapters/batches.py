@@ -1,0 +1,88 @@
+"""How many samples and tokens a batch holds, read from shapes only.
+
+Every adapter counts batches with :func:`count_batch` unless ``instrument(...,
+count_batch=fn)`` gives its own rule. Shapes only: a batch's contents may sit on a
+device, and reading them there would synchronise with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def count_batch(batch: Any) -> tuple[int | None, int | None]:
+    """Samples and tokens of a batch, from shapes only (never from contents on a device).
+
+    Samples: the first dimension of the first tensor found. Tokens: the sum of a CPU
+    ``attention_mask`` when present, else the element count of ``input_ids``.
+    """
+    # Fast paths for the usual shapes: (x, y, ...) of tensors and {"input_ids": ...}.
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        if batch and isinstance(batch[0], torch.Tensor):
+            head = batch[0]
+            return (int(head.shape[0]) if head.dim() else None), None
+    elif kind is dict:
+        ids = batch.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim():
+            mask = batch.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and not mask.is_cuda:
+                return int(ids.shape[0]), int(mask.sum())
+            return int(ids.shape[0]), int(ids.numel())
+    elif isinstance(batch, torch.Tensor):
+        return (int(batch.shape[0]) if batch.dim() else None), None
+    t = _first_tensor(batch)
+    samples = int(t.shape[0]) if t is not None and t.dim() > 0 else None
+    tokens = None
+    if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
+        tokens = _mapping_tokens(batch)
+    return samples, tokens
+
+
+def _first_tensor(x: Any, depth: int = 0) -> Any:
+    """The first tensor in a nested batch (at most 4 levels, 8 items a level)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if depth > 3:
+        return None
+    if isinstance(x, dict) or (hasattr(x, "keys") and hasattr(x, "__getitem__")):
+        for key in ("input_ids", "inputs", "x"):
+            try:
+                v = x[key]
+            except (KeyError, TypeError, IndexError):
+                continue
+            if isinstance(v, torch.Tensor):
+                return v
+        try:
+            values = list(x.values())[:8]
+        except Exception:
+            return None
+        for v in values:
+            t = _first_tensor(v, depth + 1)
+            if t is not None:
+                return t
+        return None
+    if isinstance(x, (list, tuple)):
+        for v in x[:8]:
+            t = _first_tensor(v, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def _mapping_tokens(batch: Any) -> int | None:
+    """Tokens of a mapping batch: a CPU attention mask's sum, else input_ids' size.
+    Mappings here need only keys/__getitem__ (BatchEncoding, UserDict), not .get."""
+    try:
+        mask = batch["attention_mask"] if "attention_mask" in batch else None  # noqa: SIM401
+    except Exception:
+        mask = None
+    if isinstance(mask, torch.Tensor) and not mask.is_cuda:
+        return int(mask.sum())
+    try:
+        ids = batch["input_ids"] if "input_ids" in batch else None  # noqa: SIM401
+    except Exception:
+        ids = None
+    return int(ids.numel()) if isinstance(ids, torch.Tensor) else None
