@@ -22,8 +22,15 @@ variants need the stack (``scripts/stack up``); ``--endpoint`` points elsewhere,
 they are skipped with a note when nothing listens there. Nothing here asserts: the
 targets are read off the figures.
 
+``--pin`` places the processes as a training node does: every training process (plain
+and instrumented alike) on CPU 0, and what serves telemetry on the other CPUs (each
+run's sidecar process, and the Collector, Jaeger and Prometheus of ``scripts/stack``).
+Without it every process floats over all CPUs; on a 2-CPU machine the stack's servers
+then take turns on the training core, which a node with more cores (or the Collector on
+another node) does not see.
+
 Usage: python benchmarks/tail.py [--rounds 2] [--steps 10000] [--warmup 500]
-       [--warmup-seconds 5]
+       [--warmup-seconds 5] [--pin]
        [--variants plain,default,otlp,otlp-all] [--endpoint http://127.0.0.1:4318]
 """
 
@@ -60,8 +67,39 @@ def _env(variant: str, endpoint: str, extra: list[str]) -> dict[str, str]:
     return env
 
 
-def one(variant: str, steps: int, warmup: int, warmup_s: float) -> dict[str, Any]:
+_CPUS = set(os.sched_getaffinity(0))  # (read before ``--pin`` narrows this process's)
+
+
+def _other_cpus() -> set[int]:
+    """Every CPU this process may use but CPU 0 (where ``--pin`` puts training)."""
+    return _CPUS - {0}
+
+
+def _pin_stack() -> str:
+    """Move the running stack's servers off CPU 0; says what moved."""
+    stack = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "stack")
+    out = subprocess.run([sys.executable, stack, "status", "--json"], check=False,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        services = json.loads(out.stdout).get("services", {})
+    except ValueError:
+        services = {}
+    moved = []
+    for name, svc in services.items():
+        try:
+            os.sched_setaffinity(int(svc["pid"]), _other_cpus())
+            moved.append(name)
+        except (KeyError, OSError, ValueError):
+            continue
+    return ", ".join(moved) or "none running"
+
+
+def one(
+    variant: str, steps: int, warmup: int, warmup_s: float, pin: bool = False
+) -> dict[str, Any]:
     """One process's run: every step's duration (ns) and its generation-2 collections."""
+    if pin:  # (before torch starts a thread: threads inherit the creator's CPUs)
+        os.sched_setaffinity(0, {0})
     import torch
 
     torch.manual_seed(0)
@@ -74,6 +112,10 @@ def one(variant: str, steps: int, warmup: int, warmup_s: float) -> dict[str, Any
         import otel_train
 
         otel_train.instrument(model, optimizer=opt, dataloader=loader)
+        session = otel_train.session.current()
+        feeder = getattr(session, "feeder", None)
+        if pin and feeder is not None:
+            os.sched_setaffinity(feeder.process.proc.pid, _other_cpus())
     gen2: list[int] = []
     pc = time.perf_counter_ns
 
@@ -138,7 +180,8 @@ def _figures(run: dict[str, Any]) -> dict[str, float]:
 def _spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--one", variant, "--steps", str(args.steps),
-         "--warmup", str(args.warmup), "--warmup-seconds", str(args.warmup_seconds)],
+         "--warmup", str(args.warmup), "--warmup-seconds", str(args.warmup_seconds),
+         *(["--pin"] if args.pin else [])],
         check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=_env(variant, args.endpoint, args.env if variant != "plain" else []),
     )  # fmt: skip
@@ -155,11 +198,15 @@ def main() -> None:
     ap.add_argument("--endpoint", default="http://127.0.0.1:4318")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the instrumented variants")  # fmt: skip
+    ap.add_argument("--pin", action="store_true",
+                    help="training on CPU 0; sidecars, stack servers on the others")  # fmt: skip
     ap.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.steps, args.warmup, args.warmup_seconds)))
+        print(json.dumps(one(args.one, args.steps, args.warmup, args.warmup_seconds, args.pin)))
         return
+    if args.pin and not _other_cpus():
+        ap.error("--pin: needs a second CPU for the telemetry side")
     wanted = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
@@ -168,6 +215,9 @@ def main() -> None:
         print(f"nothing listens at {args.endpoint} (scripts/stack up): OTLP variants skipped")
         wanted = [v for v in wanted if not v.startswith("otlp")]
     variants = ["plain", *[v for v in wanted if v != "plain"]]
+    if args.pin:
+        print(f"pinned: training on CPU 0; sidecars and the stack ({_pin_stack()}) on CPUs "
+              f"{sorted(_other_cpus())}")  # fmt: skip
     print(f"{args.rounds} rounds, one process per variant, {args.steps} timed steps each "
           f"after {args.warmup} warm-up steps and at least {args.warmup_seconds} s "
           "(us; ratio to the same round's plain)")  # fmt: skip
