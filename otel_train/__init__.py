@@ -111,6 +111,7 @@ def instrument(
         raise
     sess.instrumentations[id(target)] = inst
     sess.note_model(target)
+    sess.instrumented()
     return inst
 
 

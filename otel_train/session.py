@@ -126,6 +126,19 @@ class Session:
             return exports_traces(self.settings)
         return self.telemetry is not None and self.telemetry.tracer_provider is not None
 
+    def instrumented(self) -> None:
+        """An instrumentation attached: the first step it records becomes a trace."""
+        try:
+            rec = self.recorder
+            rec.settle()  # (steps logged before it get their indices first)
+            index = rec._next_index
+            if self.feeder is not None:
+                self.feeder.trace_first_from(index)
+            elif self.worker is not None:
+                self.worker.sampler.trace_first_from(index)
+        except Exception:  # telemetry's own error: that trace is lost, nothing else
+            _log.exception("otel-train: marking an instrumentation's first step failed")
+
     def note_model(self, target: Any) -> None:
         """A model instrument() saw (the FLOP estimate and peak dtype need it)."""
         self.efficiency.note_model(target)

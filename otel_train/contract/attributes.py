@@ -29,8 +29,9 @@ STEP_SAMPLED_BECAUSE = AttributeSpec(
     "otel_train.step.sampled_because",
     "string",
     "",
-    "Why this step became a trace: all, slowest, error, first or debug (a profiled step "
-    "or the end of a memory-snapshot window).",
+    "Why this step became a trace: all, slowest, error, first (the first step of each "
+    "instrumentation), shape (the first step of a step shape not seen before) or debug (a "
+    "profiled step or the end of a memory-snapshot window).",
 )
 STEP_THROUGHPUT_SAMPLES = AttributeSpec(
     "otel_train.step.throughput.samples", "double", "{sample}/s", "Samples / host step time."

@@ -34,7 +34,7 @@ class Shape:
     """The phases of a step, in seq order: per row its seq, parent, name, depth and
     whether CUDA events timed it (``devices``)."""
 
-    __slots__ = ("data_rows", "depths", "devices", "names", "parents", "seqs")
+    __slots__ = ("data_rows", "depths", "devices", "key", "names", "parents", "seqs")
 
     def __init__(
         self, rows: Sequence[tuple[int, int, str]], devices: Sequence[bool] | None = None
@@ -43,6 +43,8 @@ class Shape:
         self.parents = [r[1] for r in rows]
         self.names = [r[2] for r in rows]
         self.devices = list(devices) if devices is not None else [False] * len(rows)
+        # Equal for equal shapes, whichever producer made them (sampling.py's new shapes).
+        self.key = (tuple(self.seqs), tuple(self.parents), tuple(self.names), tuple(self.devices))
         depth: dict[int, int] = {}
         for seq, parent, _ in rows:  # (a parent not among the rows counts as depth 0)
             depth[seq] = depth.get(parent, 0) + 1 if parent >= 0 else 0

@@ -3,8 +3,12 @@
 Metrics and console tables see every step; spans cost ~20 us each in the Python
 SDK, so by default only a sample of steps is traced: per window (``trace_window``
 steps or ``trace_window_seconds``, whichever closes first) the ``trace_slowest``
-slowest steps, plus every step that raised and the run's first step. ``all`` traces
-every step, ``none`` none.
+slowest steps, plus every step that raised, the first step of each instrumentation
+(the run's first step among them) and the first step of each step shape not seen
+before (at most ``MAX_NEW_SHAPES`` a run). ``all`` traces every step, ``none`` none.
+
+The step whose FLOPs were counted is no candidate for the slowest: counting makes it
+slow (tens of ms), and a trace of it says nothing about training.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Callable
+from typing import Any
 
 from .batch import StepBlock
 from .resolved import ResolvedStep
+
+MAX_NEW_SHAPES = 64  # step shapes traced for being new; later new shapes are not
 
 
 def _because(step: ResolvedStep, reason: str) -> ResolvedStep:
@@ -40,8 +47,16 @@ class StepSampler:
         self._heap: list[tuple[int, int, ResolvedStep]] = []
         self._count = 0
         self._window_start: int | None = None
-        self._first_seen = False
+        # Indices from which the first step is traced (each instrumentation's), in order
+        self._first_from: list[int] = [0]
+        self._shapes: set[Any] = set()
         self._always = always
+
+    def trace_first_from(self, index: int) -> None:
+        """Trace the first step whose index is ``index`` or later (a new
+        instrumentation's first step; any thread)."""
+        if len(self._first_from) < MAX_NEW_SHAPES:  # (bounded: one per instrumentation)
+            self._first_from.append(index)
 
     def offer(self, block: StepBlock) -> list[ResolvedStep]:
         """Steps of a block to emit now (most calls return an empty list), in the order
@@ -76,11 +91,15 @@ class StepSampler:
         """Offsets of a block's steps traced whatever their time, with the reason: the
         run's first step, a step that raised, a step the debug tools asked for."""
         special: dict[int, str] = {}
-        if not self._first_seen:
-            self._first_seen = True
-            special[0] = "first"
+        end = block.first + block.k
+        while self._first_from and self._first_from[0] < end:
+            special[max(0, self._first_from.pop(0) - block.first)] = "first"
         for x in block.errors:
             special.setdefault(x, "error")
+        key = block.shape.key
+        if key not in self._shapes and len(self._shapes) < MAX_NEW_SHAPES:
+            self._shapes.add(key)
+            special.setdefault(0, "shape")
         always = self._always
         if always is not None:
             for x in range(block.k):
@@ -91,7 +110,13 @@ class StepSampler:
     def _keep_slowest(self, block: StepBlock, i: int, j: int, special: dict[int, str]) -> None:
         """Steps ``i`` .. ``j`` of a block (one window) as candidates for its slowest."""
         first, durations = block.first, block.durations
-        candidates = [(durations[x], first + x) for x in range(i, j + 1) if x not in special]
+        eff = block.efficiency
+        counted = eff.counted if eff is not None and any(eff.counted) else None
+        candidates = [
+            (durations[x], first + x)
+            for x in range(i, j + 1)
+            if x not in special and (counted is None or not counted[x])
+        ]
         heap, slowest = self._heap, self._slowest
         for d, index in heapq.nlargest(slowest, candidates):
             if len(heap) < slowest:

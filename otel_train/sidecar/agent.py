@@ -221,6 +221,8 @@ class Agent:
         elif kind == wire.FLUSH:
             ok = self.flush(message[2])
             self._out((wire.FLUSHED, message[1], self.stats(), ok))
+        elif kind == wire.FIRST:
+            self.worker.sampler.trace_first_from(message[1])
         elif kind == wire.END:
             self.end(message[1])
             return False

@@ -199,6 +199,11 @@ class Feeder:
         self._facts = facts
         return facts
 
+    def trace_first_from(self, index: int) -> None:
+        """An instrumentation began: its first step (from ``index``) becomes a trace."""
+        if not self.dead:
+            self.process.send((wire.FIRST, index))
+
     def note_model(self) -> None:
         """A model was added: its facts go with the next batch."""
         self._facts = None

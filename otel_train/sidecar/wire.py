@@ -11,7 +11,8 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(RAW_BEGIN, session, next_index, step_stack_token)``, ``(RAW_END, session)``;
 - ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
   earlier batch is in the metrics and its spans are exported (or at the timeout);
-- ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget.
+- ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
+- ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``.
 
 Sidecar -> training process (its stdout): ``(READY,)`` or ``(FAILED, kind, message)``
 once its SDK is built (the training process waits for one: errors stay configure-time
@@ -35,6 +36,7 @@ from ..recording.source import Batch, Counters, Part
 
 HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
 READY, FAILED = range(11, 13)
+FIRST = 13
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
 
