@@ -80,6 +80,13 @@ def instrument(
 ) -> Instrumentation:
     """Instrument a training target; returns a handle (also a context manager).
 
+    ``optimizer=`` and ``dataloader=`` (plain loops): a step ends at the optimizer's step,
+    or without an optimizer at the next batch fetch. ``phases=`` and ``step=``: an object
+    whose methods are the phases (RL loops). ``count_batch=fn``: ``fn(batch)`` returns
+    the batch's ``(samples, tokens)`` (either may be None), instead of the rule in
+    ``otel_train/adapters/batches.py``. Providers given are used as they are; the other
+    keywords are settings (README.md, "Configuration").
+
     Raises TypeError for unsupported targets and ConfigError (a ValueError) for bad
     settings, before changing anything.
     """

@@ -252,14 +252,18 @@ class Settings:
     )
     console: str = field(
         default="stderr",
-        metadata={"parse": _choice("stderr", "stdout", "off"), "doc": "Where tables go."},
+        metadata={
+            "parse": _choice("stderr", "stdout", "off"),
+            "doc": "Where tables go: stderr, stdout, off (no tables, no summary).",
+        },
     )
     trace_steps: str = field(
         default="sampled",
         metadata={
             "parse": _choice("sampled", "all", "none"),
             "doc": "Which steps become "
-            "traces: sampled (the slowest of each window, errors and the first), all, none.",
+            "traces: sampled (the slowest of each window, errors, the first step of each "
+            "instrumentation and of each new step shape), all, none.",
         },
     )
     trace_window: int = field(

@@ -11,19 +11,22 @@ from typing import Any
 
 import torch
 
+_BOOL = torch.bool
+
 
 def count_batch(batch: Any) -> tuple[int | None, int | None]:
     """Samples and tokens of a batch, from shapes only (never from contents on a device).
 
-    Samples: the first dimension of the first tensor found. Tokens: the sum of a CPU
-    ``attention_mask`` when present, else the element count of ``input_ids``.
+    Samples: the first dimension of the first tensor found. Tokens: in a mapping, the
+    sum of a CPU ``attention_mask`` when present, else the element count of
+    ``input_ids``; otherwise the element count of the first tensor when it holds token
+    ids (an integer tensor of two or more dimensions, such as nanoGPT's ``(x, y)``).
     """
     # Fast paths for the usual shapes: (x, y, ...) of tensors and {"input_ids": ...}.
     kind = type(batch)
     if kind is tuple or kind is list:
         if batch and isinstance(batch[0], torch.Tensor):
-            head = batch[0]
-            return (int(head.shape[0]) if head.dim() else None), None
+            return tensor_counts(batch[0])
     elif kind is dict:
         ids = batch.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim():
@@ -32,13 +35,23 @@ def count_batch(batch: Any) -> tuple[int | None, int | None]:
                 return int(ids.shape[0]), int(mask.sum())
             return int(ids.shape[0]), int(ids.numel())
     elif isinstance(batch, torch.Tensor):
-        return (int(batch.shape[0]) if batch.dim() else None), None
+        return tensor_counts(batch)
     t = _first_tensor(batch)
-    samples = int(t.shape[0]) if t is not None and t.dim() > 0 else None
-    tokens = None
     if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
-        tokens = _mapping_tokens(batch)
-    return samples, tokens
+        samples = int(t.shape[0]) if t is not None and t.dim() > 0 else None
+        return samples, _mapping_tokens(batch)
+    return tensor_counts(t) if t is not None else (None, None)
+
+
+def tensor_counts(t: torch.Tensor) -> tuple[int | None, int | None]:
+    """A batch's first tensor: its first dimension as samples, and its element count as
+    tokens when it holds token ids (integers, two or more dimensions)."""
+    dims = t.dim()
+    if not dims:
+        return None, None
+    if dims >= 2 and not t.is_floating_point() and not t.is_complex() and t.dtype != _BOOL:
+        return int(t.shape[0]), int(t.numel())
+    return int(t.shape[0]), None
 
 
 def _first_tensor(x: Any, depth: int = 0) -> Any:

@@ -12,8 +12,11 @@ Phases and where they are observed:
 
 A step opens at the first data fetch (or forward, without a DataLoader) after the
 previous optimizer step and closes at the optimizer's post-hook, so gradient
-accumulation shows repeated data/forward/backward phases inside one step. Samples
-and tokens are counted from the batches' shapes.
+accumulation shows repeated data/forward/backward phases inside one step. Without
+``optimizer=``, each data fetch ends the step before it and opens the next (one batch,
+one step); with neither ``optimizer=`` nor ``dataloader=``, mark the steps with
+``otel_train.step()``. Samples and tokens are counted from the batches' shapes (see
+adapters/batches.py).
 
 Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
 """
@@ -31,7 +34,7 @@ import torch
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
 from .base import Instrumentation
-from .batches import count_batch
+from .batches import count_batch, tensor_counts
 
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
@@ -39,6 +42,7 @@ _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compile
 
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
 _DATA = boundary(None, "data", begin=ADAPTER)
+_DATA_NEXT_STEP = boundary(None, "data", begin=ADAPTER, end=ADAPTER)  # no optimizer= given
 _FORWARD = boundary("forward", "forward", begin=ADAPTER)
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
@@ -62,7 +66,7 @@ class _TimedIterator:
             return next(self._it)
         rec = adapter.rec
         try:  # telemetry never raises into training
-            rec.transition(_DATA)
+            rec.transition(adapter.data_boundary)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
             return next(self._it)
@@ -84,8 +88,11 @@ class _TimedIterator:
                 and type(batch[0]) is _TENSOR
             ):
                 head = batch[0]  # the common (x, y, ...) batch, counted inline
-                if head.dim():
-                    samples = head.shape[0]
+                if head.is_floating_point():
+                    if head.dim():
+                        samples = head.shape[0]
+                else:  # token ids, maybe (batches.py)
+                    samples, tokens = tensor_counts(head)
             else:
                 samples, tokens = adapter.counts_of(batch)
             rec.data_fetched(t, samples, tokens)
@@ -147,6 +154,7 @@ class TorchLoopAdapter:
         self.counter = counter or count_batch
         self.active = True
         self.has_loader = False
+        self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
 
     def counts_of(self, batch: Any) -> tuple[int | None, int | None]:
@@ -284,7 +292,9 @@ def attach(
                 model.__dict__["forward"] = prior
 
     inst.on_undo(restore_forward)
-    if optimizer is not None:
+    if optimizer is None:
+        adapter.data_boundary = _DATA_NEXT_STEP
+    else:
         pre = optimizer.register_step_pre_hook(adapter.optimizer_pre_hook)
         post = optimizer.register_step_post_hook(adapter.optimizer_post_hook)
         inst.on_undo(post.remove)
