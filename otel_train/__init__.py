@@ -18,11 +18,11 @@ Layers: each part imports only what its arrow names, plus the foundation (identi
 contract, settings); tests/unit/test_layering.py holds the same table and finds cycles::
 
     otel_train (this API) ─► session, adapters, recording
-    cli ─► otel_train            testing ─► export
+    cli ─► otel_train            testing ─► session, export
     session ─► sidecar, wiring, export, recording, debug, signals
     sidecar ─► wiring, export, recording (started by session alone)
     wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)
-    adapters ─► recording        (modules: base.py and backward.py, never each other)
+    adapters ─► recording        (base, backward, batches: never each other)
     export ─► recording          (the SDK side, reading the core's aggregates)
     recording ─► debug           (the core: no adapters, export or sidecar)
     debug ─► identity only       (loads without the rest of otel-train)
@@ -37,6 +37,7 @@ from typing import Any, Literal
 from . import contract, session
 from .adapters import Instrumentation, kind_of, select
 from .recording.recorder import PhaseScope, StepScope
+from .recording.regions import RegionLog
 from .session import __version__
 from .settings import ConfigError, Settings
 
@@ -138,10 +139,8 @@ _NULL = _NullScope()
 def _recorder() -> Any:
     if session.forked_child:
         return None
-    current = session.current()
-    if current is None or current.closed:
-        current = session.get_or_create()
-    return current.recorder
+    current = session.implicit()
+    return None if current is None else current.recorder
 
 
 def phase(name: str) -> PhaseScope | _NullScope:
@@ -161,9 +160,9 @@ def region(kind: str) -> Any:
     training steps for the goodput breakdown; anything else outside steps counts as other."""
     if session.forked_child:
         return _NULL
-    current = session.current()
-    if current is None or current.closed:
-        current = session.get_or_create()
+    current = session.implicit()
+    if current is None:
+        return RegionLog().region(kind)  # checks the kind; times into a log nobody reads
     return current.regions.region(kind)
 
 

@@ -215,6 +215,10 @@ class Session:
 _lock = threading.RLock()
 _current: Session | None = None
 forked_child = False  # set in children of fork: they never record or export
+# After otel_train.shutdown(), a bare step()/phase()/record()/region() starts nothing
+# (one warning) until configure() or instrument() starts a session again.
+_stopped = False
+_warned_stopped = False
 
 
 def current() -> Session | None:
@@ -229,7 +233,7 @@ def get_or_create(
 ) -> Session:
     """The live session, or a new one; ``origin`` names the call, for the error a later
     call with other settings gets."""
-    global _current
+    global _current, _stopped
     with _lock:
         settings = Settings.resolve(overrides or {})
         session = _current
@@ -246,7 +250,35 @@ def get_or_create(
             return session
         _current = Session(settings, tracer_provider, meter_provider)
         _current.origin = origin
+        _stopped = False
         return _current
+
+
+def implicit() -> Session | None:
+    """The live session for a bare step()/phase()/record()/region() call: a new one at
+    defaults when none was started yet; None after shutdown() (logged once)."""
+    global _warned_stopped
+    session = _current
+    if session is not None and not session.closed:
+        return session
+    if _stopped:
+        if not _warned_stopped:
+            _warned_stopped = True
+            _log.warning(
+                "otel-train: a step(), phase(), record() or region() call after "
+                "otel_train.shutdown() records nothing; call otel_train.configure() or "
+                "otel_train.instrument() to start again"
+            )
+        return None
+    return get_or_create()
+
+
+def reset() -> None:
+    """shutdown(), then forget it: the next bare call starts a session again (tests)."""
+    global _stopped, _warned_stopped
+    shutdown()
+    with _lock:
+        _stopped = _warned_stopped = False
 
 
 def _conflicts(session: Session, overrides: dict[str, Any], settings: Settings) -> list[str]:
@@ -260,9 +292,10 @@ def _conflicts(session: Session, overrides: dict[str, Any], settings: Settings) 
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
-    global _current
+    global _current, _stopped
     with _lock:
         session, _current = _current, None
+        _stopped = True
     if session is None:
         return True
     return session.shutdown(timeout_s)

@@ -8,9 +8,12 @@ Usage::
     otel_train.instrument(model, optimizer=opt, tracer_provider=tel.tracer_provider,
                           meter_provider=tel.meter_provider, trace_steps="all")
     ...
-    otel_train.shutdown()
-    tel.spans()                       # finished spans
+    tel.spans()                       # finished spans (every finished step: flushed)
     tel.points("otel_train.phase.duration")
+    otel_train.shutdown()
+
+    # at the end of each test (a pytest fixture):
+    otel_train.testing.reset()        # shutdown(), and the next test's bare calls start anew
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from . import session
 from .export.setup import in_memory_meter_provider
+
+
+def reset() -> None:
+    """``otel_train.shutdown()``, then forget it, so that the next bare ``step()``,
+    ``phase()``, ``record()`` or ``region()`` starts a session again (after a plain
+    shutdown they record nothing): for the end of each test."""
+    session.reset()
 
 
 class InMemoryTelemetry:
@@ -34,11 +45,26 @@ class InMemoryTelemetry:
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.meter_provider, self.reader = in_memory_meter_provider()
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """``otel_train.flush()`` when the live session records into these providers:
+        every finished step's spans and metrics are here afterwards."""
+        current = session.current()
+        if current is None or current.closed:
+            return True
+        if self.tracer_provider not in current.given_providers and (
+            self.meter_provider not in current.given_providers
+        ):
+            return True
+        return current.flush(timeout)
+
     def spans(self) -> list[Any]:
+        """Finished spans, every step finished so far included (flushed first)."""
+        self.flush()
         return list(self.exporter.get_finished_spans())
 
     def metrics(self) -> dict[str, Any]:
-        """Metric name -> SDK Metric, from one collection."""
+        """Metric name -> SDK Metric, from one collection (flushed first)."""
+        self.flush()
         data = self.reader.get_metrics_data()
         out: dict[str, Any] = {}
         if data is None:

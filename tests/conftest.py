@@ -1,7 +1,8 @@
 """Shared test setup: one otel-train session per test, and the `gpu` marker.
 
-Every test ends with ``otel_train.shutdown()`` so no session, hook or patch leaks
-into the next one. Hypothesis runs under a fixed budget (profile ``ci``). Tests marked
+Every test ends with ``otel_train.testing.reset()`` (``shutdown()``, forgotten) so no
+session, hook or patch leaks into the next one, and the next test's bare calls start a
+session of their own. Hypothesis runs under a fixed budget (profile ``ci``). Tests marked
 ``gpu`` are skipped, with the reason, when CUDA is not available.
 """
 
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 import otel_train
+import otel_train.testing
 
 # Property tests run with a fixed budget and a fixed seed in CI ("ci", the default);
 # HYPOTHESIS_PROFILE=dev searches longer and randomly when hunting for bugs locally.
@@ -50,4 +52,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _otel_train_shutdown() -> Iterator[None]:
     yield
-    otel_train.shutdown()
+    otel_train.testing.reset()

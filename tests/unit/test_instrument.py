@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import types
 
 import pytest
@@ -332,3 +333,29 @@ def test_a_conflict_names_each_setting_both_values_and_the_first_call() -> None:
     assert "setting 'console' is 'stderr' there, 'off' here" in text
     assert "started by a step(), phase(), record() or region() call" in text
     assert "forward" not in vars(model)
+
+
+def test_bare_calls_after_shutdown_start_nothing_and_warn_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    otel_train.instrument(model, optimizer=opt, console="off", **providers(tel))
+    otel_train.shutdown()
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        otel_train.record(loss=1.0)
+        with otel_train.step(samples=1), otel_train.phase("train"):
+            pass
+        with otel_train.region("evaluation"):
+            pass
+    assert otel_train.session.current() is None  # nothing started: no /metrics bound
+    warned = [r for r in caplog.records if "after otel_train.shutdown()" in r.getMessage()]
+    assert len(warned) == 1
+    with pytest.raises(ValueError, match="kind must be one of"):
+        otel_train.region("eval")  # a bad kind is still an error
+    # An explicit start records again, and bare calls join it.
+    otel_train.configure(console="off", **providers(tel))
+    with otel_train.step(samples=2):
+        pass
+    assert otel_train.session.current() is not None
+    assert otel_train.flush(5.0)
