@@ -31,3 +31,19 @@ def test_flush_makes_every_finished_step_visible() -> None:
 def test_flush_without_a_session_is_a_no_op() -> None:
     assert otel_train.session.current() is None
     assert otel_train.flush(timeout=0.1) is True
+
+
+def test_the_testing_helpers_read_every_finished_step() -> None:
+    """``InMemoryTelemetry.spans()``/``metrics()`` right after training hold every step,
+    without a shutdown or a wait for the worker's next batch."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=40, batch_size=8)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, trace_steps="all", console="off",
+        **providers(tel),
+    )  # fmt: skip
+    train_epoch(model, opt, loader)
+    steps = [s for s in tel.spans() if s.name == c.STEP_SPAN.name]
+    counted = sum(p.value for p in tel.points(c.STEPS.name))
+    assert len(steps) == 5 and counted == 5
