@@ -257,6 +257,14 @@ class Settings:
             "doc": "Where tables go: stderr, stdout, off (no tables, no summary).",
         },
     )
+    console_ranks: str = field(
+        default="first",
+        metadata={
+            "parse": _choice("first", "all"),
+            "doc": "With several ranks: first (global rank 0 alone prints tables and the "
+            "summary), all (every rank prints, each table and summary naming its rank).",
+        },
+    )
     trace_steps: str = field(
         default="sampled",
         metadata={

@@ -16,6 +16,7 @@ from weakref import WeakKeyDictionary
 
 from . import contract as c
 from .export.setup import Telemetry
+from .identity import world_size
 from .recording.aggregate import MetricsAggregator
 from .recording.console import ConsoleReporter
 from .recording.efficiency import EfficiencyTracker
@@ -73,7 +74,7 @@ def build_consumer(
         settings.trace_slowest,
         always=debug.wants_trace if debug is not None else None,
     )
-    console = ConsoleReporter(settings.console_every, settings.console, efficiency)
+    console = _console(settings, efficiency, rank)
     worker = Worker(
         source,
         aggregator,
@@ -86,3 +87,12 @@ def build_consumer(
         efficiency=efficiency,
     )
     return Consumer(aggregator, publisher, worker)
+
+
+def _console(settings: Settings, efficiency: Any, rank: int) -> ConsoleReporter:
+    """Tables from global rank 0 alone, or from every rank with its rank in each one."""
+    if settings.console_ranks == "first" and rank != 0:
+        return ConsoleReporter(settings.console_every, "off")
+    several = (world_size() or 1) > 1 or rank != 0
+    label = f"rank {rank}" if settings.console_ranks == "all" and several else ""
+    return ConsoleReporter(settings.console_every, settings.console, efficiency, label)

@@ -53,10 +53,12 @@ class _PhaseTotals:
 
 
 class ConsoleReporter:
-    def __init__(self, every: int, stream: str, efficiency: Any = None) -> None:
+    def __init__(self, every: int, stream: str, efficiency: Any = None, label: str = "") -> None:
         """``efficiency``: the efficiency.EfficiencyTracker whose figures the tables and
-        the summary show, when there is one."""
+        the summary show, when there is one; ``label``: what names this process in each
+        table and summary (``rank 3`` when several ranks print)."""
         self.every = every
+        self._head = f"otel-train [{label}]" if label else "otel-train"
         self._stream_name = stream
         self.device_total: int | None = None
         # (depth, phase) -> totals; the window folds into the run table when it resets.
@@ -165,7 +167,7 @@ class ConsoleReporter:
             return
         mean = self._win_seconds / n
         head = (
-            f"otel-train  steps {self._win_first}-{self._win_first + n - 1}  "
+            f"{self._head}  steps {self._win_first}-{self._win_first + n - 1}  "
             f"step {fmt_seconds(mean)} (max {fmt_seconds(self._win_max)})"
         )
         if self._win_seconds > 0 and self._win_samples:
@@ -226,10 +228,10 @@ class ConsoleReporter:
 
     def summary_text(self) -> str:
         if self.run_steps == 0 or self.first_start is None or self.last_end is None:
-            return "otel-train run summary: no training steps recorded"
+            return f"{self._head} run summary: no training steps recorded"
         wall = max(1e-12, (self.last_end - self.first_start) / 1e9)
         lines = [
-            f"otel-train run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)}, "
+            f"{self._head} run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)}, "
             f"in steps {fmt_seconds(self.run_step_seconds)} "
             f"({100.0 * self.run_step_seconds / wall:.1f}%)",
         ]

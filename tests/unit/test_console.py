@@ -56,3 +56,36 @@ def test_batches_crossing_window_ends_print_what_single_steps_print(every: int) 
     assert _printed(every, batches) == one_by_one
     assert one_by_one.count("otel-train  steps ") == (len(steps) // every if every else 0)
     assert "53 steps" in one_by_one and "  loss" in one_by_one  # nested row in the summary
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("ranks", ["first", "all"])
+def test_several_ranks_print_by_console_ranks(
+    rank: int, ranks: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``first``: rank 0 alone prints; ``all``: every rank, each table and summary
+    naming its rank."""
+    from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
+
+    import otel_train
+    from otel_train.testing import InMemoryTelemetry
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=40, batch_size=8)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, console="stdout", console_every=5,
+        console_ranks=ranks, **providers(tel),
+    )  # fmt: skip
+    train_epoch(model, opt, loader)
+    otel_train.shutdown()
+    out = capsys.readouterr().out
+    if ranks == "first" and rank != 0:
+        assert "otel-train" not in out
+    elif ranks == "first":
+        assert "otel-train  steps 0-4" in out and "otel-train run summary: 5 steps" in out
+    else:
+        assert f"otel-train [rank {rank}]  steps 0-4" in out
+        assert f"otel-train [rank {rank}] run summary: 5 steps" in out

@@ -25,6 +25,7 @@ BAD = {
     "metric_export_interval": (0.0, "fast", "number from 0.1 to 3600"),
     "console_every": (-1, "1.5", "integer from 0 to"),
     "console": ("file", "stdout2", "'stderr', 'stdout', 'off'"),
+    "console_ranks": ("zero", "every", "'first', 'all'"),
     "sidecar": ("process", "on", "'auto', 'off'"),
     "trace_steps": ("some", "1", "'sampled', 'all', 'none'"),
     "trace_window": (0, "0", "integer from 1 to"),
