@@ -38,7 +38,11 @@ and the process-wide wrapper around ``torch.autograd.backward`` (``backward.py``
 shared with the plain-loop and torchtitan adapters. ``transformers`` is imported only
 when a Trainer is instrumented.
 
-Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
+Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract, with
+the scalars ``loss`` (what ``training_step`` returned; with gradient accumulation, the
+last micro-batch's), ``learning_rate`` (the scheduler's at each optimizer step) and
+``grad_norm`` (at logging steps, when the Trainer computed it), read without a device
+sync.
 """
 
 from __future__ import annotations
@@ -150,6 +154,9 @@ class HFTrainerAdapter:
 
     def after_microstep(self, result: Any, err: BaseException | None) -> None:
         close_phases(self.rec, _STEP_PHASES, err)
+        if err is None and isinstance(result, (torch.Tensor, float)):
+            # the loss training_step returned (read from the device without a sync)
+            self.rec.record_scalars({"loss": result})
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not (self.active and self.in_step and module.training and torch.is_grad_enabled()):
@@ -192,7 +199,16 @@ class HFTrainerAdapter:
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:
+            lr = _learning_rate(self.trainer)
+            if lr is not None:
+                self.rec.record_scalars({"learning_rate": lr})
             self.finish()
+
+    def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        logs = kw.get("logs") or {}
+        norm = logs.get("grad_norm")  # a float by now: the Trainer read it for its log
+        if self.active and isinstance(norm, (int, float)):
+            self.rec.record_scalars({"grad_norm": float(norm)})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:
@@ -205,7 +221,19 @@ class HFTrainerAdapter:
 
 
 _EVENTS = ("on_train_begin", "on_pre_optimizer_step", "on_optimizer_step", "on_step_end",
-           "on_train_end")  # fmt: skip
+           "on_log", "on_train_end")  # fmt: skip
+
+
+def _learning_rate(trainer: Any) -> float | None:
+    """The learning rate the optimizer step used: the scheduler's, else the first
+    parameter group's (host values, no device access)."""
+    scheduler = getattr(trainer, "lr_scheduler", None)
+    try:
+        if scheduler is not None:
+            return float(scheduler.get_last_lr()[0])
+        return float(trainer.optimizer.param_groups[0]["lr"])
+    except Exception:
+        return None
 
 
 @functools.cache

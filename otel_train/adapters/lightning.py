@@ -30,14 +30,19 @@ What ``instrument()`` changes: one callback appended to ``trainer.callbacks`` an
 instance attribute ``save_checkpoint`` wrapping the class's method, which
 ``uninstrument()`` removes. ``lightning`` is imported only when a Trainer is instrumented.
 
-Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
+Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract, with
+the scalars ``loss`` (what ``training_step`` returned; with gradient accumulation, the
+last micro-batch's) and ``learning_rate`` (the first parameter group's at each optimizer
+step), read without a device sync.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from ..recording.recorder import ADAPTER, Recorder
 from .base import Instrumentation, close_phases, guarded, mark_region
@@ -147,6 +152,11 @@ class LightningAdapter:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.active and self.rec.current_step is not None:
             close_phases(self.rec, ("backward", "forward", "microstep"))
+            try:  # the learning rate this optimizer step uses (a host value)
+                lr = float(optimizer.param_groups[0]["lr"])
+                self.rec.record_scalars({"learning_rate": lr})
+            except Exception:
+                pass
             self.rec.enter("optimizer")
             self.stepped = True
 
@@ -156,6 +166,9 @@ class LightningAdapter:
         if not self.active:
             return
         close_phases(self.rec, _PHASES)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):  # what training_step returned, read without a sync
+            self.rec.record_scalars({"loss": loss.detach()})
         if self.stepped:
             self.stepped = False
             self.rec.end_step(ADAPTER)

@@ -84,12 +84,14 @@ def hf_trainer(grad_accum: int = 2, max_steps: int = 3, batch_size: int = 4, **a
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum,
         max_steps=max_steps,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        use_cpu=True,
-        **args,
+        **{
+            "report_to": "none",
+            "save_strategy": "no",
+            "logging_strategy": "no",
+            "disable_tqdm": True,
+            "use_cpu": True,
+            **args,
+        },  # (args may override these)
     )
     dataset = PaddedTokens()
     return Trainer(model=GPT2LMHeadModel(config), args=training_args, train_dataset=dataset,

@@ -93,3 +93,18 @@ def test_companions_are_refused_before_any_change(otel_kwargs) -> None:
                               **otel_kwargs)  # fmt: skip
     assert "get_batch_samples" not in vars(trainer)
     assert not trainer.model._forward_pre_hooks
+
+
+def test_the_trainers_loss_learning_rate_and_grad_norm_are_recorded(tel, otel_kwargs) -> None:
+    """What the Trainer computed anyway, with no record() call of the user's."""
+    trainer = hf_trainer(grad_accum=1, max_steps=4, batch_size=2, logging_strategy="steps",
+                         logging_steps=2, learning_rate=1e-3)  # fmt: skip
+    otel_train.instrument(trainer, **otel_kwargs)
+    trainer.train()
+    otel_train.shutdown()
+    scalars = {p.attributes[c.A_NAME]: p.value for p in tel.points(c.SCALAR.name)}
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert scalars.keys() >= {"loss", "learning_rate", "grad_norm"}
+    assert 0 < scalars["loss"] < 20  # a cross-entropy over a 64-token vocabulary
+    assert scalars["learning_rate"] == pytest.approx(trainer.lr_scheduler.get_last_lr()[0])
+    assert scalars["grad_norm"] == pytest.approx(logged[-1]["grad_norm"])

@@ -88,3 +88,17 @@ def test_uninstrument_removes_the_callback(otel_kwargs) -> None:
     trainer.fit(lightning_module(), train_dataloaders=lightning_loader(n=8))
     inst.uninstrument()
     assert trainer.callbacks == before
+
+
+def test_the_loss_training_step_returned_and_the_learning_rate_are_recorded(
+    tel, otel_kwargs
+) -> None:
+    trainer = lightning_trainer()
+    otel_train.instrument(trainer, **otel_kwargs)
+    module = lightning_module()
+    trainer.fit(module, train_dataloaders=lightning_loader(n=8, batch_size=4))
+    otel_train.shutdown()
+    scalars = {p.attributes[c.A_NAME]: p.value for p in tel.points(c.SCALAR.name)}
+    assert scalars.keys() >= {"loss", "learning_rate"}
+    assert scalars["learning_rate"] == 0.1  # the module's SGD
+    assert 0 < scalars["loss"] < 20
