@@ -33,6 +33,7 @@ from ..settings import Settings
 from .aggregate import MetricsAggregator
 from .batch import EfficiencyColumns, StepBlock, StepEfficiency
 from .flops import CountResult, FlopProbe, dtype_label, parameter_count
+from .goodput import Goodput
 from .peaks import Peak, lookup_peak
 from .regions import RegionLog
 
@@ -41,7 +42,6 @@ MAX_COUNTED_SHAPES = 8
 RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
 MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
-CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
 
 
 def _cuda_in_use() -> bool:
@@ -112,11 +112,8 @@ class EfficiencyTracker:
         )
         self._sums = [0.0, 0.0, 0.0, 0.0]  # flops, flop seconds, data seconds, step seconds
         self._last_flops: float | None = None
-        # Goodput.
-        self.first: int | None = None
-        self.last: int | None = None
-        self.totals = dict.fromkeys(CATEGORIES, 0.0)
-        self._other_exported = 0.0
+        self.goodput = Goodput()
+        self._exported: dict[str, float] = {}  # run-time counters as last exported
         self.flops_total = 0.0
         self.flop_seconds_total = 0.0
         self.data_total = 0.0
@@ -195,7 +192,7 @@ class EfficiencyTracker:
         self.flop_seconds_total = sum(rate_seconds, self.flop_seconds_total)
         self.step_total = sum(host, self.step_total)
         self.data_total = sum(data, self.data_total)
-        self._extend(block.starts[0], block.ends[-1])
+        self.goodput.add_steps(block.starts, block.ends, data)
         peak = self.peak.flops_per_s if self.peak is not None else None
         block.efficiency = EfficiencyColumns(flops, source, counted, rate_flops, rate_seconds, peak)
 
@@ -233,38 +230,25 @@ class EfficiencyTracker:
             return
         while done:
             kind, t0, t1 = done.popleft()
-            self.totals[kind] += max(0, t1 - t0) / 1e9
-            self._extend(t0, t1)
+            self.goodput.add_region(kind, t0, t1)
         self.publish_goodput(agg)
 
-    def _extend(self, t0: int, t1: int) -> None:
-        if self.first is None or t0 < self.first:
-            self.first = t0
-        if self.last is None or t1 > self.last:
-            self.last = t1
-
     def publish_goodput(self, agg: MetricsAggregator | None) -> None:
-        """Split the wall time into categories; export them and the windowed gauges
-        (once per batch of steps: gauges are read at collection time)."""
-        if agg is not None:
-            self._publish_window(agg)
-        if self.first is None or self.last is None:
-            return
-        wall = max(0, self.last - self.first) / 1e9
-        t = self.totals
-        t["data"] = self.data_total
-        t["train"] = max(0.0, self.step_total - self.data_total)
-        t["other"] = max(0.0, wall - sum(t[k] for k in CATEGORIES if k != "other"))
-        # The counter stays monotonic even when a region is drained after a later step
-        # had already counted its time as other.
-        self._other_exported = max(self._other_exported, t["other"])
+        """Export the wall time's split (goodput.py) and the windowed gauges (once per
+        batch of steps: gauges are read at collection time)."""
         if agg is None:
             return
-        for k in CATEGORIES:
-            v = self._other_exported if k == "other" else t[k]
-            agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), v)
+        self._publish_window(agg)
+        if self.goodput.first is None:
+            return
+        totals, wall = self.goodput.totals(), self.goodput.wall()
+        exported = self._exported
+        for k, v in totals.items():
+            # Counters stay monotonic when a late region moves time between categories.
+            exported[k] = max(exported.get(k, 0.0), v)
+            agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), exported[k])
         if wall > 0:
-            agg.set(c.GOODPUT.name, (), t["train"] / wall)
+            agg.set(c.GOODPUT.name, (), totals["train"] / wall)
 
     def _publish_window(self, agg: MetricsAggregator) -> None:
         sums = self._sums
@@ -279,11 +263,11 @@ class EfficiencyTracker:
             agg.set(c.FLOPS_PER_STEP.name, (), self._last_flops)
 
     def goodput_shares(self) -> tuple[float, dict[str, float]] | None:
-        self.publish_goodput(None)
-        if self.first is None or self.last is None or self.last <= self.first:
+        """The wall time and each category's share of it (they sum to 1)."""
+        wall = self.goodput.wall()
+        if wall <= 0:
             return None
-        wall = (self.last - self.first) / 1e9
-        return wall, {k: v / wall for k, v in self.totals.items()}
+        return wall, {k: v / wall for k, v in self.goodput.totals().items()}
 
     # -- FLOPs -------------------------------------------------------------------------
 
