@@ -187,9 +187,12 @@ class Session:
             self.sigterm.uninstall()
         budget = self.settings.shutdown_timeout if timeout_s is None else max(0.0, timeout_s)
         deadline = time.monotonic() + budget
+        rec = self.recorder
+        # A batch fetched but never trained on (nanoGPT fetches the next one at the end
+        # of each iteration) opened a step that holds only its fetch: it is no step.
+        rec.discard_step_if_only("data")
         for inst in list(self.instrumentations.values()):
             inst.uninstrument()
-        rec = self.recorder
         if rec.current_step is not None and rec.enabled:
             rec.end_step(rec.current_step.mode)
         if self.efficiency.probe is not None:

@@ -88,3 +88,24 @@ def test_without_an_optimizer_each_batch_fetch_begins_a_step() -> None:
     otel_train.shutdown()
     assert sums == {c.STEPS.name: 16, c.SAMPLES.name: 128}
     assert phases == {"data": 16, "forward": 16, "backward": 16}
+
+
+def test_a_batch_fetched_but_never_trained_on_is_not_counted() -> None:
+    """nanoGPT's order: the first batch before the loop, the next one at the end of each
+    iteration, so the last fetch is never trained on."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(
+        model, optimizer=opt, dataloader=loader, console="off", flops="off", **providers(tel)
+    )
+    it = iter(loader)
+    x, y = next(it)
+    for _ in range(6):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        x, y = next(it)
+    otel_train.shutdown()
+    assert _sums(tel) == {c.STEPS.name: 6, c.SAMPLES.name: 48}
