@@ -199,9 +199,7 @@ def test_prometheus_scrapes_the_training_port_of_this_stack(stack):
 def test_env_points_a_job_at_this_stack(stack):
     out = _stack(stack["env"], "env")
     assert out.returncode == 0, out.stdout + out.stderr
-    exports = dict(
-        line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines()
-    )
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
     assert exports["OTEL_EXPORTER_OTLP_ENDPOINT"] == _base(stack, "OTLP_HTTP")
     assert exports["OTEL_TRAIN_PROMETHEUS_PORT"] == str(stack["ports"]["TRAINING_METRICS"])
 
