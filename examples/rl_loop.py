@@ -2,31 +2,46 @@
 
 Run::
 
-    python examples/rl_loop.py
+    python examples/rl_loop.py                    # 300 iterations, a little over 30 s
+    python examples/rl_loop.py --iterations 20    # a short run (the smoke test)
 
 A toy policy-gradient learner on a contextual bandit: a frozen copy of the policy
 generates rollouts, the learner takes a REINFORCE step and the new weights are synced
-back to the rollout copy, as in actor/learner RL setups. ``instrument()`` maps each
-method to a phase and ``run_iteration`` to a step; the mean reward of every iteration
-is recorded as a user scalar (the ``otel_train.scalar`` gauge, name="reward").
-Exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+back to the rollout copy, as in actor/learner RL setups. Each rollout waits
+``ENV_LATENCY`` (0.1 s) for its environment, as real rollouts wait for a simulator or a
+generation server; the default run therefore spans three of the default 10 s metric
+export intervals, so Prometheus holds several points of every series and the RL
+dashboard's rates have data to work on (one export interval gives one point, and
+``rate()`` needs two).
+
+``instrument()`` maps each method to a phase and ``run_iteration`` to a step; the mean
+reward of every iteration is recorded as a user scalar (the ``otel_train.scalar`` gauge,
+name="reward"). Exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. The service
+is named by the standard variables when one is set (OTEL_SERVICE_NAME, ``service.name``
+in OTEL_RESOURCE_ATTRIBUTES, or OTEL_TRAIN_SERVICE_NAME), else "rl-loop".
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import os
+import time
 
 import torch
 
 import otel_train
 
 OBS, ACTIONS = 8, 4
+ENV_LATENCY = 0.1  # seconds a rollout waits for its environment
+ITERATIONS = 300  # x ENV_LATENCY: three default metric export intervals
 
 
 class BanditLoop:
-    def __init__(self, batch: int = 128) -> None:
+    def __init__(self, batch: int = 128, env_latency: float = ENV_LATENCY) -> None:
         torch.manual_seed(0)
         self.batch = batch
+        self.env_latency = env_latency
         self.policy = torch.nn.Linear(OBS, ACTIONS)
         self.rollout_policy = copy.deepcopy(self.policy).requires_grad_(False)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=0.05)
@@ -37,6 +52,7 @@ class BanditLoop:
         with torch.no_grad():
             dist = torch.distributions.Categorical(logits=self.rollout_policy(obs))
             actions = dist.sample()
+        time.sleep(self.env_latency)  # the environment answers the actions
         rewards = (actions == (obs @ self.target).argmax(dim=1)).float()
         return obs, actions, rewards
 
@@ -65,7 +81,27 @@ class BanditLoop:
         return float(rewards.mean())
 
 
-def main() -> None:
+def service_name() -> dict[str, str]:
+    """``service_name="rl-loop"`` unless the environment names the service."""
+    named = (
+        os.environ.get("OTEL_SERVICE_NAME")
+        or os.environ.get("OTEL_TRAIN_SERVICE_NAME")
+        or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    )
+    return {} if named else {"service_name": "rl-loop"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=ITERATIONS,
+        help=f"iterations to run (default {ITERATIONS}, about {ITERATIONS * ENV_LATENCY:.0f} s)",
+    )
+    args = parser.parse_args(argv)
+    if args.iterations < 20:
+        parser.error("--iterations must be at least 20 (the reward is compared over 10)")
     loop = BanditLoop()
     otel_train.instrument(
         loop,
@@ -73,12 +109,12 @@ def main() -> None:
                 "weight_sync": "sync_weights"},
         step="run_iteration",
         prometheus=False,
-        console_every=10,
-        service_name="rl-loop",
+        console_every=100,
+        **service_name(),
     )  # fmt: skip
-    rewards = [loop.run_iteration() for _ in range(40)]
+    rewards = [loop.run_iteration() for _ in range(args.iterations)]
     print(
-        f"mean reward: first 10 iterations {sum(rewards[:10]) / 10:.3f}, "
+        f"{args.iterations} iterations; mean reward: first 10 {sum(rewards[:10]) / 10:.3f}, "
         f"last 10 {sum(rewards[-10:]) / 10:.3f}"
     )
     otel_train.shutdown()

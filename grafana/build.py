@@ -34,7 +34,9 @@ PROM = {"type": "prometheus", "uid": PROM_UID}
 
 # Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
 # adds otel_train_source="scrape" (deploy/prometheus.yml), so no series counts twice.
-F = 'job=~"$job", otel_train_rank=~"$rank", otel_train_source=""'
+OTLP = 'otel_train_source=""'
+# One job at a time: $job is a single value (shares and quantiles of two jobs do not mix).
+F = f'job="$job", otel_train_rank=~"$rank", {OTLP}'
 RATE = "$__rate_interval"
 # Recorded by deploy/prometheus/rules/stragglers.yml (a test checks the rule exists).
 STRAGGLER_SCORE = "job_rank:otel_train_straggler_score:min"
@@ -85,11 +87,12 @@ def panel(
     }
 
 
-def variables() -> dict[str, Any]:
-    steps = n(c.STEPS)
+def variables(jobs: str) -> dict[str, Any]:
+    """$job: one of the jobs that have ``jobs`` series (OTLP only: the in-process scrape job
+    ``otel-train-inprocess`` is no training job); $rank: any of its ranks, All by default."""
 
-    def var(name: str, label: str, query: str) -> dict[str, Any]:
-        return {
+    def var(name: str, label: str, query: str, many: bool) -> dict[str, Any]:
+        out = {
             "name": name,
             "label": label,
             "type": "query",
@@ -97,23 +100,26 @@ def variables() -> dict[str, Any]:
             "query": {"query": query, "refId": f"var-{name}"},
             "definition": query,
             "refresh": 2,
-            "includeAll": True,
-            "multi": True,
-            "allValue": ".*",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "includeAll": many,
+            "multi": many,
             "sort": 1,
         }
+        if many:
+            out["allValue"] = ".*"
+            out["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+        return out
 
+    ranks = f'label_values({n(c.STEPS)}{{job="$job", {OTLP}}}, otel_train_rank)'
     return {
         "list": [
-            var("job", "service / job", f"label_values({steps}, job)"),
-            var("rank", "rank", f'label_values({steps}{{job=~"$job"}}, otel_train_rank)'),
+            var("job", "service / job", f"label_values({jobs}, job)", many=False),
+            var("rank", "rank", ranks, many=True),
         ]
     }
 
 
 def dashboard(
-    uid: str, title: str, panels: list[dict[str, Any]], tags: list[str]
+    uid: str, title: str, panels: list[dict[str, Any]], tags: list[str], jobs: str
 ) -> dict[str, Any]:
     for i, p in enumerate(panels, start=1):
         p["id"] = i
@@ -128,7 +134,7 @@ def dashboard(
         "graphTooltip": 1,
         "refresh": "10s",
         "time": {"from": "now-30m", "to": "now"},
-        "templating": variables(),
+        "templating": variables(jobs),
         "annotations": {"list": []},
         "links": [
             {
@@ -213,8 +219,10 @@ def straggler_panel(grid: tuple[int, int, int, int]) -> dict[str, Any]:
         [target(f"{STRAGGLER_SCORE}{{{F}}}", "rank {{otel_train_rank}}", "A")],
         "percentunit",
         grid,
-        description="Fleet median / this rank's median time in its worst section (the step "
-        "or a phase), 1 = on par, 0.5 = twice as slow (deploy/prometheus/rules/"
+        description="A healthy rank's time (the fleet median; with 2 ranks the faster rank, "
+        "outside the phases that wait on the all-reduce) / this rank's median time in its "
+        "worst section (the step or a phase), 1 = on par, 0.5 = twice as slow; a rank alone "
+        "scores 1 (deploy/prometheus/rules/"
         f"stragglers.yml). Under {STRAGGLER_THRESHOLD} for 10 minutes fires "
         "OtelTrainStraggler. Click a line for that rank's slowest step traces in Jaeger.",
     )
@@ -315,7 +323,10 @@ def overview() -> dict[str, Any]:
         straggler_panel((0, 32, 24, 8)),
         *efficiency_panels(40),
     ]
-    return dashboard("otel-train-overview", "otel-train: training overview", panels, ["training"])
+    jobs = f"{n(c.STEPS)}{{{OTLP}}}"  # every training job
+    return dashboard(
+        "otel-train-overview", "otel-train: training overview", panels, ["training"], jobs
+    )
 
 
 def efficiency_panels(y: int) -> list[dict[str, Any]]:
@@ -369,6 +380,7 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
 
 
 RL = "rollout|train|optimizer|weight_sync"
+RL_ONLY = "rollout|train|weight_sync"  # a plain loop has an optimizer phase too
 
 
 def rl_loop() -> dict[str, Any]:
@@ -414,7 +426,8 @@ def rl_loop() -> dict[str, Any]:
             (12, 16, 12, 8),
         ),
     ]
-    return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"])
+    jobs = f'{n(c.PHASE_DURATION, "count")}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
+    return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"], jobs)
 
 
 def datasources() -> str:

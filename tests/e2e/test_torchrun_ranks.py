@@ -1,40 +1,46 @@
-"""Four ranks under torchrun against the real stack: identity per rank and a straggler found.
+"""2 and 4 ranks under torchrun against the real stack: identity per rank, a straggler found.
 
-``torchrun --nproc_per_node=4`` runs DDP training (gloo, CPU) instrumented with one call to
-``otel_train.instrument``; rank 2 sleeps in its forward pass (SLOW_RANK=2 in the training
-script's environment). The ranks export over OTLP/HTTP to the Collector started from
-deploy/ on free loopback ports. Then Jaeger holds step traces of all four ranks with their
-resource attributes, Prometheus holds per-rank series, and the straggler rules of
-deploy/prometheus/rules/stragglers.yml (loaded here with a 1 s group interval and a 3 s
-``for:``, nothing else changed) give rank 2 the lowest score and fire OtelTrainStraggler
-for rank 2 alone.
+``torchrun --nproc_per_node=N`` runs DDP training (gloo, CPU) instrumented with one call to
+``otel_train.instrument``; one rank sleeps in its forward pass (SLOW_RANK in the training
+script's environment: rank 1 of 2, rank 2 of 4). The ranks export over OTLP/HTTP to the
+Collector started from deploy/ on free loopback ports; both jobs go to one stack. Then
+Jaeger holds step traces of every rank with their resource attributes, Prometheus holds
+per-rank series, the straggler rules of deploy/prometheus/rules/stragglers.yml (loaded
+here with a 1 s group interval and a 3 s ``for:``, nothing else changed) give the slow rank
+the lowest score and name it alone in OtelTrainStraggler (with 2 ranks the healthy rank
+waits as long in its backward as the slow one spends in its forward: the rules must not
+name it), and every query of the training overview returns data for the job.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_stack_e2e import attrs, jaeger_traces, poll, prom, running_stack
+from stack_helpers import (
+    attrs,
+    dashboard_queries,
+    jaeger_chunks,
+    jaeger_traces,
+    poll,
+    prom,
+    query_data,
+    running_stack,
+)
 
 from otel_train import contract as c
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.stack
-RANKS = 4
-SLOW_RANK = 2
+WORLDS = {2: 1, 4: 2}  # ranks -> the slow rank
 STEPS = 40
 
 TRAIN = textwrap.dedent("""
@@ -48,24 +54,27 @@ TRAIN = textwrap.dedent("""
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                            torch.nn.Linear(64, 4))
-        def forward(self, x):
+            self.body = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 64),
+                                            torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        def forward(self, input_ids):
             if slow:
                 time.sleep(0.06)   # the straggler: a slow forward pass on one rank
-            return self.body(x)
+            return self.body(input_ids)
 
     torch.manual_seed(rank)
     model = DDP(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = [(torch.randn(8, 32), torch.randint(0, 4, (8,))) for _ in range(16)]
+    data = [{"input_ids": torch.randint(0, 100, (8, 16)), "labels": torch.randint(0, 4, (8,))}
+            for _ in range(16)]
     loader = torch.utils.data.DataLoader(data, batch_size=None)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader)
+    # A CPU has no datasheet peak: give one so MFU is exported like on a listed GPU.
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, peak_tflops=0.5)
     done, steps = 0, int(os.environ["STEPS"])
     while done < steps:
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+        for batch in loader:
+            loss = torch.nn.functional.cross_entropy(model(batch["input_ids"]), batch["labels"])
             opt.zero_grad(); loss.backward(); opt.step()
+            otel_train.record(loss=loss.detach())
             time.sleep(0.02)
             done += 1
             if done == steps:
@@ -94,18 +103,20 @@ def fast_rules(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    config = fast_rules(tmp_path_factory.mktemp("torchrun-config"))
     run = tmp_path_factory.mktemp("torchrun-stack")
-    with running_stack(run, OTEL_TRAIN_STACK_PROMETHEUS_CONFIG=str(fast_rules(run))) as running:
+    with running_stack(run, OTEL_TRAIN_STACK_PROMETHEUS_CONFIG=str(config)) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
-def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=sorted(WORLDS), ids=lambda n: f"{n}-ranks")
+def run(stack: Any, tmp_path_factory: pytest.TempPathFactory, request: Any) -> dict[str, Any]:
+    ranks, slow = request.param, WORLDS[request.param]
     tmp = tmp_path_factory.mktemp("torchrun")
     script = tmp / "train.py"
     script.write_text(TRAIN)
-    service = f"ddp-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ)
+    service = f"ddp{ranks}-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",
@@ -114,16 +125,16 @@ def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "OTEL_TRAIN_CONSOLE": "off",
             "OTEL_TRAIN_PROMETHEUS": "false",
             "OMP_NUM_THREADS": "1",
-            "SLOW_RANK": str(SLOW_RANK),
+            "SLOW_RANK": str(slow),
             "STEPS": str(STEPS),
         }
     )
     start = time.time()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={RANKS}", str(script)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    cmd += [f"--nproc_per_node={ranks}", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    return {"service": service, "start": start}
+    return {"service": service, "start": start, "ranks": ranks, "slow": slow}
 
 
 def test_jaeger_holds_traces_of_every_rank_with_their_identity(
@@ -134,44 +145,26 @@ def test_jaeger_holds_traces_of_every_rank_with_their_identity(
         spans = jaeger_traces(stack, run["service"], run["start"])
         roots = [s for s in spans if s["name"] == c.STEP_SPAN.name]
         by_rank = {int(attrs(s)[c.RANK.key]): s for s in roots}
-        return by_rank if len(by_rank) == RANKS else {}
+        return by_rank if len(by_rank) == run["ranks"] else {}
 
-    by_rank = poll(first_steps, f"step traces of {RANKS} ranks in Jaeger")
-    assert sorted(by_rank) == list(range(RANKS))
+    by_rank = poll(first_steps, f"step traces of {run['ranks']} ranks in Jaeger")
+    assert sorted(by_rank) == list(range(run["ranks"]))
     resources = jaeger_resources(stack, run)
-    assert sorted(int(r[c.RESOURCE_RANK.key]) for r in resources) == list(range(RANKS))
+    assert sorted(int(r[c.RESOURCE_RANK.key]) for r in resources) == list(range(run["ranks"]))
     for r in resources:
-        assert int(r[c.RESOURCE_WORLD_SIZE.key]) == RANKS
+        assert int(r[c.RESOURCE_WORLD_SIZE.key]) == run["ranks"]
         assert int(r[c.RESOURCE_LOCAL_RANK.key]) == int(r[c.RESOURCE_RANK.key])
         assert int(r[c.RESOURCE_NODE_RANK.key]) == 0
-    assert len({r["service.instance.id"] for r in resources}) == RANKS
+    assert len({r["service.instance.id"] for r in resources}) == run["ranks"]
     assert len({r[c.RESOURCE_JOB.key] for r in resources}) == 1  # torchrun's run id
 
 
 def jaeger_resources(stack: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
     """One attribute dict per distinct resource in the service's traces."""
-
-    def rfc3339(t: float) -> str:
-        return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-    params = {
-        "query.service_name": run["service"],
-        "query.start_time_min": rfc3339(run["start"] - 60),
-        "query.start_time_max": rfc3339(time.time() + 60),
-        "query.num_traces": "1000",
-    }
-    url = f"http://127.0.0.1:{stack['ports']['JAEGER_UI']}/api/v3/traces?"
-    with urllib.request.urlopen(url + urllib.parse.urlencode(params), timeout=10) as r:
-        text = r.read().decode()
     seen: dict[str, dict[str, Any]] = {}
-    decoder, pos = json.JSONDecoder(), 0
-    while pos < len(text.rstrip()):
-        body, pos = decoder.raw_decode(text, pos)
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        for rs in body.get("result", {}).get("resourceSpans", []):
-            a = attrs(rs.get("resource", {}))
-            seen[a["service.instance.id"]] = a
+    for rs in jaeger_chunks(stack, run["service"], run["start"]):
+        a = attrs(rs.get("resource", {}))
+        seen[a["service.instance.id"]] = a
     return list(seen.values())
 
 
@@ -182,39 +175,42 @@ def test_prometheus_holds_per_rank_series(stack: Any, run: dict[str, Any]) -> No
     def per_rank() -> dict[str, float]:
         got = prom(stack, "/api/v1/query", query=f"max_over_time({count}{sel}[10m])")["result"]
         out = {r["metric"]["otel_train_rank"]: float(r["value"][1]) for r in got}
-        return out if len(out) == RANKS and all(v == STEPS for v in out.values()) else {}
+        return out if len(out) == run["ranks"] and all(v == STEPS for v in out.values()) else {}
 
     counts = poll(per_rank, "forward phase counts of every rank")
-    assert counts == {str(r): float(STEPS) for r in range(RANKS)}
+    assert counts == {str(r): float(STEPS) for r in range(run["ranks"])}
 
 
 def test_straggler_rule_names_the_slow_rank(stack: Any, run: dict[str, Any]) -> None:
     job = run["service"]
 
-    def firing() -> list[dict[str, Any]]:
-        alerts = prom(stack, "/api/v1/alerts")["alerts"]
+    def alerts() -> list[dict[str, Any]]:
         return [
             a
-            for a in alerts
+            for a in prom(stack, "/api/v1/alerts")["alerts"]
             if a["labels"].get("alertname") == "OtelTrainStraggler"
             and a["labels"].get("job") == job
-            and a["state"] == "firing"
         ]
 
-    alerts = poll(firing, "the OtelTrainStraggler alert", timeout=60)
-    assert {a["labels"]["otel_train_rank"] for a in alerts} == {str(SLOW_RANK)}
+    poll(
+        lambda: [a for a in alerts() if a["state"] == "firing"],
+        "the OtelTrainStraggler alert",
+        timeout=60,
+    )
+    # Only the slowed rank, neither firing nor pending for any other.
+    assert {a["labels"]["otel_train_rank"] for a in alerts()} == {str(run["slow"])}
     scores = prom(
         stack, "/api/v1/query", query=f'job_rank:otel_train_straggler_score:min{{job="{job}"}}'
     )["result"]
     by_rank = {r["metric"]["otel_train_rank"]: float(r["value"][1]) for r in scores}
-    assert set(by_rank) == {str(r) for r in range(RANKS)}
-    assert min(by_rank, key=by_rank.__getitem__) == str(SLOW_RANK)
-    assert all(v >= 0.7 for r, v in by_rank.items() if r != str(SLOW_RANK))
+    assert set(by_rank) == {str(r) for r in range(run["ranks"])}
+    assert min(by_rank, key=by_rank.__getitem__) == str(run["slow"])
+    assert all(v >= 0.7 for r, v in by_rank.items() if r != str(run["slow"]))
     section = prom(
         stack,
         "/api/v1/query",
         query=f'min by (phase) (job_rank_phase:otel_train_straggler_score:ratio{{job="{job}", '
-        f'otel_train_rank="{SLOW_RANK}"}})',
+        f'otel_train_rank="{run["slow"]}"}})',
     )["result"]
     worst = min(section, key=lambda r: float(r["value"][1]))
     assert worst["metric"]["phase"] == "forward"
@@ -225,5 +221,20 @@ def test_straggler_rule_names_the_slow_rank(stack: Any, run: dict[str, Any]) -> 
         "/api/v1/query",
         query=f'job_rank:otel_train_step_straggler_score:ratio{{job="{job}"}}',
     )["result"]
-    assert len(steps) == RANKS
+    assert len(steps) == run["ranks"]
     assert all(float(r["value"][1]) >= 0.7 for r in steps), steps
+
+
+@pytest.mark.parametrize(
+    ("panel", "expr"),
+    dashboard_queries("training-overview"),
+    ids=[panel for panel, _ in dashboard_queries("training-overview")],
+)
+def test_every_overview_query_returns_data_for_the_job(
+    stack: Any, run: dict[str, Any], panel: str, expr: str
+) -> None:
+    assert poll(
+        lambda: query_data(stack, expr, run["service"], run["start"]),
+        f"data for training-overview / {panel} from the {run['ranks']}-rank job",
+        timeout=30,
+    )

@@ -167,3 +167,28 @@ def test_the_straggler_panel_reads_a_recorded_score_and_links_to_jaeger() -> Non
     assert query["operation"] == c.STEP_SPAN.name
     assert f"{c.RANK.key}=${{__field.labels.otel_train_rank}}" in query["tags"]
     assert f"{c.STEP_SAMPLED_BECAUSE.key}=slowest" in query["tags"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_job_is_one_training_job_over_otlp(path: Path) -> None:
+    # Shares and quantiles of two jobs do not mix, and the in-process scrape job
+    # (otel-train-inprocess, every series otel_train_source="scrape") is no training job.
+    dash = json.loads(path.read_text())
+    job = next(v for v in dash["templating"]["list"] if v["name"] == "job")
+    assert not job["multi"] and not job["includeAll"] and "allValue" not in job
+    assert 'otel_train_source=""' in job["query"]["query"]
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if v["name"] != "job"]
+    for expr in exprs:
+        assert 'job=~"$job"' not in expr
+        if "$job" in expr:
+            assert 'job="$job"' in expr, expr
+
+
+def test_the_rl_dashboard_lists_only_rl_jobs() -> None:
+    dash = json.loads((GRAFANA / "dashboards" / "rl-loop.json").read_text())
+    job = next(v for v in dash["templating"]["list"] if v["name"] == "job")
+    phases = re.search(r'phase=~"([^"]+)"', job["query"]["query"])
+    assert phases, job["query"]["query"]
+    # Phases a plain loop (data/forward/backward/optimizer) never has.
+    assert set(phases.group(1).split("|")) == {"rollout", "train", "weight_sync"}

@@ -304,6 +304,22 @@ def test_promtool_check_config(stack_bins):
     assert "WARNING" not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
+def test_stack_moves_the_in_process_target_to_the_training_port(stack_bins, stack_module, tmp_path):
+    # Prometheus cannot expand environment variables in its config: `up` renders a copy.
+    dest = tmp_path / "run" / "prometheus-config" / "prometheus.yml"
+    moved = stack_module.render_prometheus_config(DEPLOY / "prometheus.yml", dest, 19464)
+    assert moved == 1
+    rendered, original = yaml.safe_load(dest.read_text()), load("prometheus.yml")
+    jobs = {j["job_name"]: j for j in rendered["scrape_configs"]}
+    assert jobs["otel-train-inprocess"]["static_configs"][0]["targets"] == ["127.0.0.1:19464"]
+    jobs["otel-train-inprocess"]["static_configs"][0]["targets"] = ["127.0.0.1:9464"]
+    assert rendered == original  # nothing else changed
+    # Its relative rule and target paths resolve from the copy: promtool loads the rules.
+    out = _run([stack_bins / "promtool", "check", "config", dest])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 1 rule files found" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
 def test_stack_validate_command(stack_bins):
     out = _run([REPO / "scripts" / "stack", "validate"], env=_clean_env())
     assert out.returncode == 0, out.stdout + out.stderr

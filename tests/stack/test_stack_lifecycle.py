@@ -115,23 +115,11 @@ def _resource(rank: int) -> resource_pb2.Resource:
 
 
 @pytest.fixture(scope="module")
-def stack(stack_bins, tmp_path_factory):
+def stack(stack_bins, stack_module, tmp_path_factory):
     """Env for scripts/stack with a private run dir and free ports; `up` before, `down` after."""
     env = dict(os.environ)
     env["OTEL_TRAIN_STACK_RUN"] = str(tmp_path_factory.mktemp("stack-run"))
-    names = [
-        "OTLP_GRPC",
-        "OTLP_HTTP",
-        "COLLECTOR_HEALTH",
-        "COLLECTOR_METRICS",
-        "JAEGER_OTLP_GRPC",
-        "JAEGER_OTLP_HTTP",
-        "JAEGER_UI",
-        "JAEGER_GRPC",
-        "JAEGER_HEALTH",
-        "JAEGER_METRICS",
-        "PROMETHEUS",
-    ]
+    names = list(stack_module.PORTS)  # TRAINING_METRICS included: the job's /metrics
     ports = dict(zip(names, _free_ports(len(names)), strict=True))
     for name, port in ports.items():
         env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(port)
@@ -177,6 +165,43 @@ def test_jaeger_and_prometheus_apis_answer(stack, versions):
     assert build["data"]["version"] == versions["PROMETHEUS_VERSION"]
     status, _ = _get(f"{_base(stack, 'PROMETHEUS')}/-/ready")
     assert status == 200
+
+
+def test_the_loopback_build_has_query_apis_and_no_ui(stack):
+    # What deploy/README.md says of the stack without Docker: `go install` builds embed no
+    # UI assets. Should a build ever carry them, this fails and the README must change.
+    status, page = _get(f"{_base(stack, 'JAEGER_UI')}/")
+    assert status == 200
+    assert b"not compiled with the UI assets" in page, page[:400]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(f"{_base(stack, 'PROMETHEUS')}/query")
+    with err.value:  # close its response
+        assert err.value.code == 500
+        assert b"index.html: no such file" in err.value.read()
+    query = urllib.parse.urlencode({"query": "up"})
+    assert _get_json(f"{_base(stack, 'PROMETHEUS')}/api/v1/query?{query}")["status"] == "success"
+
+
+def test_prometheus_scrapes_the_training_port_of_this_stack(stack):
+    # Two stacks on one machine: each scrapes the /metrics port it hands its job, not 9464.
+    def inprocess_targets():
+        data = _get_json(f"{_base(stack, 'PROMETHEUS')}/api/v1/targets")["data"]
+        return [
+            t["scrapeUrl"]
+            for t in data["activeTargets"]
+            if t["labels"]["job"] == "otel-train-inprocess"
+        ]
+
+    urls = _wait_for("the in-process scrape target", inprocess_targets, timeout=30)
+    assert urls == [f"http://127.0.0.1:{stack['ports']['TRAINING_METRICS']}/metrics"]
+
+
+def test_env_points_a_job_at_this_stack(stack):
+    out = _stack(stack["env"], "env")
+    assert out.returncode == 0, out.stdout + out.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+    assert exports["OTEL_EXPORTER_OTLP_ENDPOINT"] == _base(stack, "OTLP_HTTP")
+    assert exports["OTEL_TRAIN_PROMETHEUS_PORT"] == str(stack["ports"]["TRAINING_METRICS"])
 
 
 def test_otlp_http_traces_reach_jaeger(stack):

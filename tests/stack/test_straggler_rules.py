@@ -1,10 +1,13 @@
 """The straggler rules of deploy/prometheus/rules/stragglers.yml under ``promtool test rules``.
 
-Synthetic histograms of four ranks in synchronous data parallel training: every rank's
-step takes the same time (they meet in the all-reduce); the straggler is slow in one phase
-and the healthy ranks wait for it in ``backward``. promtool evaluates the real rule file
-over 20 minutes of these series and compares the scores and alerts with what the rules'
-definition gives by hand.
+Synthetic histograms of 1, 2, 3 and 4 ranks in synchronous data parallel training: every
+rank's step takes the same time (they meet in the all-reduce); the straggler is slow in one
+phase and the healthy ranks wait for it in ``backward``. promtool evaluates the real rule
+file over 20 minutes of these series and compares the scores and alerts with what the
+rules' definition gives by hand: the straggler alone scores under 1 and alone fires, at
+every world size (with 2 ranks the waiting rank's ``backward`` is as far from the mean as
+the straggler's slow phase, which is why that world size has rules of its own); one rank
+alone is never a straggler.
 """
 
 from __future__ import annotations
@@ -40,18 +43,19 @@ def median(upper: str) -> float:
     return lo + (float(upper) - lo) / 2
 
 
-def scenario(slow_rank: int, slow_phase: str) -> list[dict[str, str]]:
+def scenario(ranks: int, slow_rank: int, slow_phase: str) -> list[dict[str, str]]:
     step = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
     phase = c.prometheus_base_name(c.PHASE_DURATION) + "_bucket"
     series = []
-    for rank in range(4):
+    for rank in range(ranks):
         base = {"job": "train", "otel_train_rank": str(rank)}
         series += bucket_series(step, base, "0.25")
         slow = rank == slow_rank
+        waits = slow_rank >= 0 and not slow  # healthy ranks wait for the straggler
         uppers = {
             "data": "0.1" if slow and slow_phase == "data" else "0.0025",
             "forward": "0.1" if slow and slow_phase == "forward" else "0.025",
-            "backward": "0.025" if slow else "0.1",  # healthy ranks wait in the all-reduce
+            "backward": "0.1" if waits else "0.025",  # the all-reduce wait
             "optimizer": "0.005",
         }
         for name, upper in uppers.items():
@@ -84,26 +88,37 @@ def run_promtool(stack_bins: Path, tmp_path: Path, tests: list[dict]) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+WORLDS = [(2, 1), (3, 2), (4, 2)]  # (ranks, the slow rank)
+
+
 @pytest.mark.parametrize("slow_phase", ["forward", "data"])
+@pytest.mark.parametrize(("ranks", "slow"), WORLDS, ids=[f"{n}-ranks" for n, _ in WORLDS])
 def test_the_slow_rank_scores_lowest_and_alone_fires(
-    stack_bins: Path, tmp_path: Path, slow_phase: str
+    stack_bins: Path, tmp_path: Path, ranks: int, slow: int, slow_phase: str
 ) -> None:
-    slow = 2
+    # The reference is a healthy rank's time: the median rank, or with 2 ranks the faster.
     healthy = {"data": median("0.0025"), "forward": median("0.025")}[slow_phase]
     score = round(healthy / median("0.1"), 6)
     scores = [
         {"labels": f'{{job="train", otel_train_rank="{r}"}}', "value": score if r == slow else 1}
-        for r in range(4)
+        for r in range(ranks)
     ]
     test = {
         "interval": "1m",
-        "input_series": scenario(slow, slow_phase),
+        "input_series": scenario(ranks, slow, slow_phase),
         "promql_expr_test": [
             {
                 "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
                 "eval_time": "15m",
                 "exp_samples": scores,
-            }
+            },
+            {
+                "expr": "job:otel_train_ranks:count5m",
+                "eval_time": "15m",
+                "exp_samples": [
+                    {"labels": 'job:otel_train_ranks:count5m{job="train"}', "value": ranks}
+                ],
+            },
         ],
         "alert_rule_test": [
             {"alertname": "OtelTrainStraggler", "eval_time": "8m", "exp_alerts": []},
@@ -126,10 +141,73 @@ def test_the_slow_rank_scores_lowest_and_alone_fires(
     run_promtool(stack_bins, tmp_path, [test])
 
 
-def test_no_straggler_no_alert(stack_bins: Path, tmp_path: Path) -> None:
+def test_two_ranks_do_not_score_the_all_reduce_wait(stack_bins: Path, tmp_path: Path) -> None:
+    # Rank 0 waits 4x longer in backward than rank 1, which is slow in forward: against the
+    # mean of two both would score 0.5x. backward is a collective wait: not scored.
+    section = "job_rank_phase:otel_train_straggler_score:ratio"
     test = {
         "interval": "1m",
-        "input_series": scenario(slow_rank=-1, slow_phase="forward"),
+        "input_series": scenario(2, 1, "forward"),
+        "promql_expr_test": [
+            {
+                "expr": f'count by (otel_train_rank, phase) ({section}{{phase="backward"}})',
+                "eval_time": "15m",
+                "exp_samples": [],
+            },
+            {
+                "expr": f"round({section}, 0.000001)",
+                "eval_time": "15m",
+                "exp_samples": [
+                    {
+                        "labels": '{job="train", otel_train_rank="1", phase="forward"}',
+                        "value": round(median("0.025") / median("0.1"), 6),
+                    }
+                ],
+            },
+        ],
+    }
+    run_promtool(stack_bins, tmp_path, [test])
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_no_straggler_no_alert(stack_bins: Path, tmp_path: Path, ranks: int) -> None:
+    test = {
+        "interval": "1m",
+        "input_series": scenario(ranks, slow_rank=-1, slow_phase="forward"),
+        "promql_expr_test": [
+            {
+                "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
+                "eval_time": "15m",
+                "exp_samples": [
+                    {"labels": f'{{job="train", otel_train_rank="{r}"}}', "value": 1}
+                    for r in range(ranks)
+                ],
+            }
+        ],
+        "alert_rule_test": [
+            {"alertname": "OtelTrainStraggler", "eval_time": "19m", "exp_alerts": []}
+        ],
+    }
+    run_promtool(stack_bins, tmp_path, [test])
+
+
+def test_one_rank_alone_is_never_a_straggler(stack_bins: Path, tmp_path: Path) -> None:
+    # A slow forward, but no other rank to be slower than: the rank is its own reference.
+    test = {
+        "interval": "1m",
+        "input_series": scenario(1, slow_rank=0, slow_phase="forward"),
+        "promql_expr_test": [
+            {
+                "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
+                "eval_time": "15m",
+                "exp_samples": [{"labels": '{job="train", otel_train_rank="0"}', "value": 1}],
+            },
+            {
+                "expr": "job_rank_phase:otel_train_straggler_score:ratio",
+                "eval_time": "15m",
+                "exp_samples": [],
+            },
+        ],
         "alert_rule_test": [
             {"alertname": "OtelTrainStraggler", "eval_time": "19m", "exp_alerts": []}
         ],
