@@ -7,7 +7,8 @@ Run (``pip install 'otel-train[hf]'``)::
 The model is built from a config (no download) and trains on random padded token
 sequences with gradient accumulation 2, so each step shows data, two ``microstep``
 phases (forward, backward) and the optimizer; tokens are counted from the attention
-mask. Prints the run summary; exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+mask. Prints the run summary; exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set,
+as the service OTEL_SERVICE_NAME names, else "hf-trainer" (``default_service_name``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def main() -> None:
         trainer = Trainer(model=GPT2LMHeadModel(config), args=args,
                           train_dataset=PaddedSequences())  # fmt: skip
         otel_train.instrument(trainer, prometheus=False, console_every=4,
-                              service_name="hf-trainer")  # fmt: skip
+                              default_service_name="hf-trainer")  # fmt: skip
         trainer.train()
     otel_train.shutdown()
 

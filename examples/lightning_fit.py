@@ -6,7 +6,8 @@ Run (``pip install 'otel-train[lightning]'``)::
 
 Batches are dicts with ``input_ids`` and ``attention_mask``, so tokens are counted
 from the mask; ``accumulate_grad_batches=2`` shows two ``microstep`` phases per step.
-Prints the run summary; exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+Prints the run summary; exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, as the
+service OTEL_SERVICE_NAME names, else "lightning-fit" (``default_service_name``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    otel_train.instrument(trainer, prometheus=False, console_every=4, service_name="lightning-fit")
+    otel_train.instrument(
+        trainer, prometheus=False, console_every=4, default_service_name="lightning-fit"
+    )
     trainer.fit(TinyLM(), train_dataloaders=loader)
     otel_train.shutdown()
 

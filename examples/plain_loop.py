@@ -6,7 +6,8 @@ Run::
 
 Prints a phase table every 8 steps and the run summary at the end, serves /metrics
 on a free port while it runs, and exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT
-is set (for example http://127.0.0.1:4318).
+is set (for example http://127.0.0.1:4318), as the service OTEL_SERVICE_NAME names, else
+"plain-loop" (``default_service_name``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
 
-    session = otel_train.configure(prometheus_port=0, console_every=8, service_name="plain-loop")
+    session = otel_train.configure(
+        prometheus_port=0, console_every=8, default_service_name="plain-loop"
+    )
     if session.prometheus_address:
         host, port = session.prometheus_address
         print(f"metrics: http://{host}:{port}/metrics")

@@ -16,16 +16,14 @@ dashboard's rates have data to work on (one export interval gives one point, and
 
 ``instrument()`` maps each method to a phase and ``run_iteration`` to a step; the mean
 reward of every iteration is recorded as a user scalar (the ``otel_train.scalar`` gauge,
-name="reward"). Exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. The service
-is named by the standard variables when one is set (OTEL_SERVICE_NAME, ``service.name``
-in OTEL_RESOURCE_ATTRIBUTES, or OTEL_TRAIN_SERVICE_NAME), else "rl-loop".
+name="reward"). Exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, as the
+service OTEL_SERVICE_NAME names, else "rl-loop" (``default_service_name``).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import time
 
 import torch
@@ -81,16 +79,6 @@ class BanditLoop:
         return float(rewards.mean())
 
 
-def service_name() -> dict[str, str]:
-    """``service_name="rl-loop"`` unless the environment names the service."""
-    named = (
-        os.environ.get("OTEL_SERVICE_NAME")
-        or os.environ.get("OTEL_TRAIN_SERVICE_NAME")
-        or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    )
-    return {} if named else {"service_name": "rl-loop"}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -110,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         step="run_iteration",
         prometheus=False,
         console_every=100,
-        **service_name(),
+        default_service_name="rl-loop",
     )  # fmt: skip
     rewards = [loop.run_iteration() for _ in range(args.iterations)]
     print(

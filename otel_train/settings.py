@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "OTEL_TRAIN_"
+DEFAULT_SERVICE_NAME = "otel-train"
 
 
 class ConfigError(ValueError):
@@ -103,6 +104,13 @@ def _optional_str(name: str, value: Any) -> str | None:
     if len(text) > 2048:
         raise ConfigError("must be at most 2048 characters")
     return text or None
+
+
+def _name(name: str, value: Any) -> str:
+    text = _optional_str(name, value)
+    if text is None:
+        raise ConfigError("must be a non-empty string")
+    return text
 
 
 _HOST = re.compile(r"[A-Za-z0-9._:%-]+")  # names, IPv4, IPv6 (with a zone): ASCII only
@@ -187,7 +195,16 @@ class Settings:
         default=None,
         metadata={
             "parse": _optional_str,
-            "doc": "service.name; default OTEL_SERVICE_NAME, else 'otel-train'.",
+            "doc": "service.name; default OTEL_SERVICE_NAME, else service.name in "
+            "OTEL_RESOURCE_ATTRIBUTES, else default_service_name.",
+        },
+    )
+    default_service_name: str = field(
+        default=DEFAULT_SERVICE_NAME,
+        metadata={
+            "parse": _name,
+            "doc": "service.name when neither service_name nor the standard variables name "
+            "one: a script's own name that OTEL_SERVICE_NAME overrides.",
         },
     )
     otlp_endpoint: str | None = field(

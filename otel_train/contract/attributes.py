@@ -152,7 +152,11 @@ RESOURCE_NODE_RANK = AttributeSpec(
 )
 RESOURCE_ATTRIBUTES = (
     AttributeSpec(
-        "service.name", "string", "", "service_name setting, OTEL_SERVICE_NAME, else 'otel-train'."
+        "service.name",
+        "string",
+        "",
+        "service_name setting, OTEL_SERVICE_NAME, service.name in OTEL_RESOURCE_ATTRIBUTES, "
+        "else the default_service_name setting ('otel-train').",
     ),
     AttributeSpec(
         "service.instance.id",

@@ -25,7 +25,7 @@ from opentelemetry.sdk.resources import Resource
 
 from .. import contract as c
 from ..identity import env_int, env_str, local_rank, node_rank, rank, world_size
-from ..settings import Settings
+from ..settings import DEFAULT_SERVICE_NAME, Settings
 
 # The ranks are read in identity.py; re-exported here under their old names.
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "world_size",
 ]
 
-DEFAULT_SERVICE_NAME = "otel-train"
 # Namespace of the per-rank UUIDv5 (a fixed random UUID, so ids are stable across versions).
 _INSTANCE_NAMESPACE = uuid.UUID("6b0d4b9e-5c1f-4f0e-9d1a-2f7c3e8a9b10")
 _forked = False
@@ -104,11 +103,21 @@ def build_resource(settings: Settings) -> Resource:
     }
     if settings.service_name:
         attrs["service.name"] = settings.service_name
-    elif not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-        "OTEL_RESOURCE_ATTRIBUTES", ""
-    ):
-        attrs["service.name"] = DEFAULT_SERVICE_NAME
+    elif not _environment_names_service():
+        attrs["service.name"] = settings.default_service_name
     return Resource.create(attrs)  # type: ignore[arg-type]
+
+
+def _environment_names_service() -> bool:
+    """Whether the SDK's own variables name the service: OTEL_SERVICE_NAME, or a
+    ``service.name`` key in OTEL_RESOURCE_ATTRIBUTES (its ``key=value`` items, as the SDK
+    splits them)."""
+    if os.environ.get("OTEL_SERVICE_NAME"):
+        return True
+    items = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(
+        key.strip() == "service.name" for key, eq, _ in (i.partition("=") for i in items) if eq
+    )
 
 
 def metrics_port(settings: Settings) -> int | None:

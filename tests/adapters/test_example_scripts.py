@@ -1,16 +1,23 @@
-"""examples/ run as smoke tests: each exits 0 and prints the run summary."""
+"""examples/ run as smoke tests: each exits 0 and prints the run summary; each exports
+under the service the environment names (OTEL_SERVICE_NAME), else under its own name, to
+a real Collector (the one of the fault tests, tests/faults/collector_helpers.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TESTS = Path(__file__).resolve().parents[1]
+EXAMPLES = TESTS.parent / "examples"
 
 
 def _needs(module: str) -> pytest.MarkDecorator:
@@ -18,24 +25,69 @@ def _needs(module: str) -> pytest.MarkDecorator:
                               reason=f"needs {module}")  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("script", "args"),
-    [
-        ("plain_loop.py", []),
-        # Its default run spans several metric export intervals (about 30 s): the
-        # end-to-end stack test runs that one; here a short run.
-        ("rl_loop.py", ["--iterations", "20"]),
-        pytest.param("hf_trainer.py", [], marks=_needs("transformers")),
-        pytest.param("lightning_fit.py", [], marks=_needs("lightning")),
-    ],
-)
-def test_example_runs_and_prints_the_summary(script: str, args: list[str]) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_EXPORTER_OTLP", "OTEL_TRAIN_"))}  # fmt: skip
-    env["HF_HUB_OFFLINE"] = "1"
+EXAMPLE_RUNS = [
+    ("plain_loop.py", []),
+    # Its default run spans several metric export intervals (about 30 s): the
+    # end-to-end stack test runs that one; here a short run.
+    ("rl_loop.py", ["--iterations", "20"]),
+    pytest.param("hf_trainer.py", [], marks=_needs("transformers")),
+    pytest.param("lightning_fit.py", [], marks=_needs("lightning")),
+]
+
+
+def run_example(script: str, args: list[str], **env_extra: str) -> str:
+    """Run ``examples/<script>`` to its end with only ``env_extra`` of the OTel variables;
+    it must exit 0 without a traceback. Its output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(HF_HUB_OFFLINE="1", **env_extra)
     result = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
                             text=True, timeout=300, env=env)  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "otel-train run summary" in output
     assert "Traceback" not in output
+    return output
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Any]:
+    """A real Collector on loopback that prints every resource it receives."""
+    if str(TESTS / "faults") not in sys.path:
+        sys.path.insert(0, str(TESTS / "faults"))
+    from collector_helpers import Collector, otelcol_or_skip
+
+    col = Collector(otelcol_or_skip(), tmp_path)
+    col.start()
+    try:
+        yield col
+    finally:
+        col.stop()
+
+
+def service_names(collector: Any) -> set[str]:
+    """The service.name of every resource the Collector received (stopped: all printed)."""
+    collector.stop()
+    return set(re.findall(r"^\s+-> service\.name: Str\((.*)\)$", collector.output(), re.M))
+
+
+@pytest.mark.parametrize(("script", "args"), EXAMPLE_RUNS)
+def test_example_runs_and_prints_the_summary(script: str, args: list[str]) -> None:
+    assert "otel-train run summary" in run_example(script, args)
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize(("script", "args"), EXAMPLE_RUNS)
+def test_example_exports_under_the_service_the_environment_names(
+    collector: Any, script: str, args: list[str]
+) -> None:
+    name = f"example-{uuid.uuid4().hex[:8]}"
+    run_example(script, args, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                OTEL_SERVICE_NAME=name)  # fmt: skip
+    assert service_names(collector) == {name}
+
+
+@pytest.mark.stack
+def test_example_exports_under_its_own_name_when_the_environment_names_none(
+    collector: Any,
+) -> None:
+    run_example("plain_loop.py", [], OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
+    assert service_names(collector) == {"plain-loop"}

@@ -1,12 +1,14 @@
 """End to end against the real stack on loopback: the Collector, Jaeger v2 and Prometheus
 built by ``scripts/stack build``, started from the deploy/ configs.
 
-Two instrumented training runs export over OTLP/HTTP to the Collector: a plain loop, which
-also serves the in-process ``/metrics`` on the port this stack's Prometheus scrapes, and
-``examples/rl_loop.py`` at its default length with the default metric export interval,
-as a user would run it. Then: Jaeger's ``/api/v3/traces`` holds their step -> phase trees,
+Three instrumented training runs export over OTLP/HTTP to the Collector: a plain loop,
+which also serves the in-process ``/metrics`` on the port this stack's Prometheus
+scrapes; the demo (``otel-train demo``, what ``make demo`` runs); and
+``examples/rl_loop.py`` at its default length with the default metric export interval.
+The last two run as a user runs them, told where the Collector is and their names by the
+standard variables. Then: Jaeger's ``/api/v3/traces`` holds their step -> phase trees,
 Prometheus holds the phase duration, memory and throughput series with exemplars pointing
-at those traces, every query of every dashboard panel returns data for the job it is
+at those traces, every query of every dashboard panel returns data for each job it is
 meant for, and the dashboards' variables offer those jobs and no other. Stopping the
 stack leaves no process behind.
 """
@@ -39,6 +41,7 @@ from otel_train import contract as c
 
 ROOT = Path(__file__).resolve().parents[2]
 RL_EXAMPLE = ROOT / "examples" / "rl_loop.py"
+DEMO_STEPS = 200  # a few seconds on a CPU: several 0.5 s metric export intervals
 pytestmark = pytest.mark.stack
 
 PLAIN = textwrap.dedent("""
@@ -101,7 +104,7 @@ def finished(proc: subprocess.Popen[str]) -> str:
 def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("jobs")
     tag = uuid.uuid4().hex[:8]
-    plain, rl = f"e2e-plain-{tag}", f"e2e-rl-{tag}"
+    plain, rl, demo = f"e2e-plain-{tag}", f"e2e-rl-{tag}", f"e2e-demo-{tag}"
     start = time.time()
     (tmp / "plain.py").write_text(PLAIN)
 
@@ -117,24 +120,41 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     # The RL example as a user runs it: its default length, the default 10 s export
     # interval; it must span several intervals for the dashboards' rate()s to have data.
     rl_job = start_job([str(RL_EXAMPLE)], job_env(stack, rl, False, None))
+    # The demo as `make demo` runs it, with its console. --cpu: the CPU-run assertions
+    # below hold on a GPU machine too. A CPU has no datasheet peak: MFU needs one, given
+    # through the environment as a user would, like the plain run's peak_tflops.
+    demo_env = job_env(stack, demo, False, "0.5")
+    demo_env.update({"OTEL_TRAIN_CONSOLE": "stderr", "OTEL_TRAIN_PEAK_TFLOPS": "0.5"})
+    demo_job = start_job(
+        ["-m", "otel_train.cli", "demo", "--steps", str(DEMO_STEPS), "--cpu"], demo_env
+    )
     # The plain run also serves /metrics, which the stack's Prometheus scrapes, and stays
     # up past one 15 s scrape interval; it spans several 0.5 s export intervals.
     plain_job = start_job([str(tmp / "plain.py"), "40", "17"], job_env(stack, plain, True, "0.5"))
     finished(plain_job)
+    demo_out = finished(demo_job)
+    assert f"{DEMO_STEPS} steps on cpu; OTLP export on" in demo_out, demo_out
+    assert f"otel-train run summary: {DEMO_STEPS} steps" in demo_out, demo_out
     iterations = re.search(r"^(\d+) iterations;", finished(rl_job), re.M)
     assert iterations, "the RL example did not report its iterations"
     return {
         "plain": plain,
         "rl": rl,
+        "demo": demo,
         "start": start,
-        "steps": {"plain": 40, "rl": int(iterations.group(1))},
+        "steps": {"plain": 40, "rl": int(iterations.group(1)), "demo": DEMO_STEPS},
     }
+
+
+# (samples, tokens) of every step: 16 rows of 8 token ids; the demo's 16 of 64.
+BATCH = {"plain": (16, 16 * 8), "demo": (16, 16 * 64)}
 
 
 @pytest.mark.parametrize(
     ("kind", "phases"),
     [
         ("plain", {"data", "forward", "backward", "optimizer"}),
+        ("demo", {"data", "forward", "backward", "optimizer"}),
         ("rl", {"rollout", "train", "optimizer", "weight_sync"}),
     ],
 )
@@ -168,15 +188,15 @@ def test_jaeger_holds_the_step_phase_trees(
             assert int(k["endTimeUnixNano"]) <= int(root["endTimeUnixNano"])
         ra = attrs(root)
         assert int(ra[c.RANK.key]) == 0
-        if kind == "plain":
-            assert int(ra[c.STEP_SAMPLES.key]) == 16
-            assert int(ra[c.STEP_TOKENS.key]) == 16 * 8
+        if kind in BATCH:
+            assert (int(ra[c.STEP_SAMPLES.key]), int(ra[c.STEP_TOKENS.key])) == BATCH[kind]
 
 
+@pytest.mark.parametrize("kind", sorted(BATCH))
 def test_prometheus_holds_phase_memory_and_throughput_series(
-    stack: Any, runs: dict[str, Any]
+    stack: Any, runs: dict[str, Any], kind: str
 ) -> None:
-    job = runs["plain"]
+    job, n = runs[kind], runs["steps"][kind]
     sel = f'{{job="{job}"}}'
     count = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
     result = poll(
@@ -184,7 +204,7 @@ def test_prometheus_holds_phase_memory_and_throughput_series(
         "phase duration series",
     )
     per_phase = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
-    assert per_phase == {p: 40.0 for p in ("data", "forward", "backward", "optimizer")}
+    assert per_phase == {p: float(n) for p in ("data", "forward", "backward", "optimizer")}
     assert {r["metric"]["otel_train_rank"] for r in result} == {"0"}
     for spec in (
         c.PROCESS_MEMORY_RSS,
@@ -204,11 +224,12 @@ def test_prometheus_holds_phase_memory_and_throughput_series(
         "/api/v1/query",
         query=f"max_over_time({c.prometheus_base_name(c.SAMPLES)}{sel}[10m])",
     )["result"]
-    assert float(total[0]["value"][1]) == 40 * 16
+    assert float(total[0]["value"][1]) == n * BATCH[kind][0]
 
 
-def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any]) -> None:
-    job = runs["plain"]
+@pytest.mark.parametrize("kind", sorted(BATCH))
+def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any], kind: str) -> None:
+    job = runs[kind]
     bucket = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
     data = poll(
         lambda: prom(
@@ -226,7 +247,7 @@ def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any]) ->
 
 
 # Each dashboard and the runs it is meant for (the 2-rank job: tests/e2e/test_torchrun_ranks.py).
-MEANT_FOR = {"training-overview": ["plain"], "rl-loop": ["rl"]}
+MEANT_FOR = {"training-overview": ["plain", "demo"], "rl-loop": ["rl"]}
 CASES = [
     (name, kind, panel, expr)
     for name, kinds in MEANT_FOR.items()
@@ -261,12 +282,16 @@ def test_dashboard_variables_offer_the_training_jobs_only(stack: Any, runs: dict
     )
     start = runs["start"]
     overview = variable_values(stack, "training-overview", "job", start)
-    assert runs["plain"] in overview and runs["rl"] in overview
+    assert {runs["plain"], runs["demo"], runs["rl"]} <= set(overview), overview
     assert "otel-train-inprocess" not in overview, overview
     rl = variable_values(stack, "rl-loop", "job", start)
     assert runs["rl"] in rl
-    assert runs["plain"] not in rl and "otel-train-inprocess" not in rl, rl
-    for dashboard, kind in (("training-overview", "plain"), ("rl-loop", "rl")):
+    assert not {runs["plain"], runs["demo"], "otel-train-inprocess"} & set(rl), rl
+    for dashboard, kind in (
+        ("training-overview", "plain"),
+        ("training-overview", "demo"),
+        ("rl-loop", "rl"),
+    ):
         ranks = variable_values(stack, dashboard, "rank", start, job=runs[kind])
         assert ranks == ["0"], (dashboard, ranks)
 

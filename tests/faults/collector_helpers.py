@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,6 +37,19 @@ def load_stack_module() -> Any:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def otelcol_or_skip() -> Path:
+    """The built otelcol; skips the test, or fails under OTEL_TRAIN_STACK_REQUIRED=1, when
+    ``scripts/stack build`` has not made it."""
+    stack = load_stack_module()
+    missing = stack.missing_binaries()
+    if "otelcol" in missing:
+        reason = f"otelcol not built -- run `scripts/stack build` ({missing['otelcol']})"
+        if os.environ.get("OTEL_TRAIN_STACK_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return Path(stack.bin_dir()) / "otelcol"
 
 
 def free_port() -> int:

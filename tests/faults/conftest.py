@@ -7,12 +7,11 @@ into a failure).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from collector_helpers import Collector, load_stack_module
+from collector_helpers import Collector, otelcol_or_skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,14 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def otelcol() -> Path:
-    stack = load_stack_module()
-    missing = stack.missing_binaries()
-    if "otelcol" in missing:
-        reason = f"otelcol not built -- run `scripts/stack build` ({missing['otelcol']})"
-        if os.environ.get("OTEL_TRAIN_STACK_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return Path(stack.bin_dir()) / "otelcol"
+    return otelcol_or_skip()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from otel_train.testing import InMemoryTelemetry
 # or a pair of fragments: keyword, environment)
 BAD = {
     "service_name": (123, "x" * 3000, ("must be a string", "at most 2048 characters")),
+    "default_service_name": ("", "   ", "must be a non-empty string"),
     "otlp_endpoint": ("collector:4318", "grpc://collector:4317", "http://"),
     "otlp_protocol": ("thrift", "http/json", "'http/protobuf', 'grpc'"),
     "prometheus": ("maybe", "enabled", "true/false"),
