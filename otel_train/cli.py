@@ -78,7 +78,9 @@ def demo(args: argparse.Namespace) -> int:
     loader: Any = torch.utils.data.DataLoader(
         corpus, batch_size=batch, shuffle=True, drop_last=True
     )
-    settings: dict[str, Any] = {"console_every": args.every}
+    settings: dict[str, Any] = {}
+    if args.every is not None:  # (else OTEL_TRAIN_CONSOLE_EVERY or the default)
+        settings["console_every"] = args.every
     if args.otlp_endpoint:
         settings["otlp_endpoint"] = args.otlp_endpoint
     if args.prometheus_port is not None:
@@ -117,7 +119,8 @@ def demo(args: argparse.Namespace) -> int:
             if done >= args.steps:
                 break
     if args.hold > 0:
-        print(f"otel-train demo: holding /metrics for {args.hold:g} s", file=sys.stderr)
+        what = "/metrics" if sess is not None and sess.prometheus_address else "the process"
+        print(f"otel-train demo: holding {what} for {args.hold:g} s", file=sys.stderr)
         time.sleep(args.hold)
     otel_train.shutdown()
     return 0
@@ -130,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="train a tiny model with otel-train on (CPU, or GPU if present)"
     )
     d.add_argument("--steps", type=int, default=300)
-    d.add_argument("--every", type=int, default=100, help="console table every N steps")
+    d.add_argument("--every", type=int, default=None,
+                   help="console table every N steps (default: console_every)")  # fmt: skip
     d.add_argument("--otlp-endpoint", default=None, help="e.g. http://127.0.0.1:4318")
     d.add_argument("--prometheus-port", type=int, default=None, help="default 9464; 0 = any")
     d.add_argument("--trace-all", action="store_true", help="trace every step")
