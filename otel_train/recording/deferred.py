@@ -44,7 +44,7 @@ class DeferredLog(PhaseMachine):
 
     def __init__(self, settings: Settings, replica: bool = False) -> None:
         super().__init__(settings, replica)
-        # Deferred boundaries, counts and scalars; their shapes are listed in _apply.
+        # Deferred boundaries, counts and scalars; their shapes are listed in _replay.
         self._log: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.RLock()  # the state machine runs on one thread at a time
         # The sidecar's raw handover (sidecar/raw.py) while the log goes out unapplied:
@@ -135,23 +135,21 @@ class DeferredLog(PhaseMachine):
 
     # -- logging an entry, or applying it now ------------------------------------------
 
-    def _record(self, item: tuple[Any, ...]) -> None:
-        """What every deferrable entry method does with its entry once it has read the
-        clock: log it, or (when boundaries must be applied where they happen) apply it
-        now. The caller catches what this raises: see Recorder's entry methods."""
-        if self._defer:
+    def _record(self, item: tuple[Any, ...], defer: bool) -> None:
+        """What every entry method does with its entry once it has read the clock: log it
+        (``defer``, normally ``self._defer``), or apply it now after everything logged
+        before it, then hand finished steps on if enough wait (outside the lock: the
+        taker may replay on this thread). The caller catches what this raises."""
+        if defer:
             log = self._log
             log.append(item)
             if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
                 self._on_full()
             return
-        self._apply_now(item)
-
-    def _apply_now(self, item: tuple[Any, ...]) -> None:
-        """Apply ``item`` after everything logged before it, then hand finished steps on
-        if enough wait (outside the lock: the taker may replay on this thread)."""
         with self._lock:
-            self._settle()
+            handover = self.handover  # (settle only if there is something to settle: one
+            if self._log or (handover is not None and handover.raw):  # call less per hook)
+                self._settle()
             self._replay(item)
         if self._due:
             self._take_due()
@@ -190,8 +188,13 @@ class DeferredLog(PhaseMachine):
     # -- applying the log ----------------------------------------------------------------
 
     def _settle(self, limit: int = -1) -> None:
-        """Apply deferred boundaries (all of them unless ``limit``); the lock is held."""
-        self._catch_up()  # the state first: what the sidecar was sent raw
+        """Apply deferred boundaries (all of them unless ``limit``); the lock is held.
+
+        Every locked entry method runs this, with an empty log as a rule: the raw
+        handover's test is _catch_up() inline, to keep that case to one call."""
+        handover = self.handover
+        if handover is not None and handover.raw:  # the state first: what went out raw
+            handover.leave_raw()
         log = self._log
         popleft = log.popleft
         replay = self._replay
@@ -208,20 +211,15 @@ class DeferredLog(PhaseMachine):
             self._fail()
 
     def _replay(self, item: tuple[Any, ...]) -> None:
-        """Apply one logged entry: ``(stack, t, kind, ...)``."""
+        """Apply one logged entry: ``(stack, t, kind, ...)``, or ``(None, 0, kind, ...)``
+        for what needs no time. (One function: a call per entry is what replay costs.)"""
         kind = item[L_KIND]
         if kind.__class__ is tuple:  # an adapter boundary: (stack, t, b[, samples, tokens])
             close, open_, begin, end, counted = kind
             self._transition_at(item[L_STACK], item[L_TIME], close, open_, begin, end)
             if counted and (item[3] is not None or item[4] is not None):
                 self._adapter_counts(item[3], item[4])
-        else:
-            self._apply(item, kind)
-
-    def _apply(self, item: tuple[Any, ...], kind: int) -> None:
-        """A logged entry other than an adapter boundary: ``(stack, t, kind, ...)``, or
-        ``(None, 0, kind, ...)`` for what needs no time."""
-        if kind == ENTER:  # (stack, t, ENTER, name)
+        elif kind == ENTER:  # (stack, t, ENTER, name)
             self._enter_at(item[3], item[1], item[0])
         elif kind == EXIT:  # (stack, t, EXIT, name, error)
             self._exit_at(item[1], item[0], item[4], item[3])

@@ -131,7 +131,7 @@ class Recorder(DeferredLog):
             self._disabled()
             return
         try:
-            self._record((self._tls_stack(), perf_counter_ns(), ENTER, name))
+            self._record((self._tls_stack(), perf_counter_ns(), ENTER, name), self._defer)
         except Exception:
             self._fail()
 
@@ -142,7 +142,7 @@ class Recorder(DeferredLog):
         try:
             t = perf_counter_ns()
             error = self._describe(exc_type, exc) if exc_type is not None else None
-            self._record((self._tls_stack(), t, EXIT, name, error))
+            self._record((self._tls_stack(), t, EXIT, name, error), self._defer)
         except Exception:
             self._fail()
 
@@ -169,7 +169,7 @@ class Recorder(DeferredLog):
                 if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
                     self._on_full()
                 return
-            self._apply_now((self._tls_stack(), perf_counter_ns(), b))
+            self._record((self._tls_stack(), perf_counter_ns(), b), False)
         except Exception:
             self._fail()
 
@@ -240,7 +240,7 @@ class Recorder(DeferredLog):
             return
         try:
             t = perf_counter_ns()
-            self._record((self._tls_stack(), t, STEP_BEGIN, samples, tokens))
+            self._record((self._tls_stack(), t, STEP_BEGIN, samples, tokens), self._defer)
         except Exception:
             self._fail()
 
@@ -249,7 +249,7 @@ class Recorder(DeferredLog):
             self._disabled()
             return
         try:
-            self._record((self._tls_stack(), perf_counter_ns(), STEP_END))
+            self._record((self._tls_stack(), perf_counter_ns(), STEP_END), self._defer)
         except Exception:
             self._fail()
 
@@ -269,7 +269,7 @@ class Recorder(DeferredLog):
             self._disabled()
             return
         try:
-            self._record((self._tls_stack(), t, DATA_FETCHED, samples, tokens))
+            self._record((self._tls_stack(), t, DATA_FETCHED, samples, tokens), self._defer)
         except Exception:
             self._fail()
 
@@ -278,45 +278,34 @@ class Recorder(DeferredLog):
 
     def log_counts(self, samples: int | None, tokens: int | None) -> None:
         """Counts from the batch just fetched, for the adapter step open at this point."""
-        item = (None, 0, COUNTS, samples, tokens)
-        if self.enabled:
-            self._record(item)
-        else:
-            self._apply_now(item)
+        self._record((None, 0, COUNTS, samples, tokens), self._defer and self.enabled)
 
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""
-        item = (None, 0, DISCARD, name)  # logged like a boundary (at each epoch's end)
-        if self.enabled:
-            self._record(item)
-        else:
-            self._apply_now(item)
+        # (logged like a boundary, at each epoch's end)
+        self._record((None, 0, DISCARD, name), self._defer and self.enabled)
 
     # -- user scalars ------------------------------------------------------------------
 
     def record_scalars(self, values: dict[str, Any]) -> None:
+        """Keep ``values`` for the step open now (else as loose scalars): bounded names,
+        and values that need no device read (a CUDA tensor is copied without a sync)."""
         if not self.enabled:
             return
         try:
-            items = self._scalar_items(values)
+            items = []
+            names = self._scalar_names  # (set operations are atomic under the GIL)
+            for key, value in values.items():
+                name = clean_name(key)
+                if name not in names:
+                    if len(names) >= MAX_SCALAR_NAMES:
+                        self.dropped_scalars += 1  # bounded series: new names past the cap
+                        continue
+                    names.add(name)
+                item = raw_scalar(value, self.events)
+                if item is not None:
+                    items.append((name, item))
             if items:  # (with this thread's stack: a recognised step may hold it)
-                self._record((self._tls_stack(), 0, SCALARS, items))
+                self._record((self._tls_stack(), 0, SCALARS, items), self._defer)
         except Exception:
             self._fail()
-
-    def _scalar_items(self, values: dict[str, Any]) -> list[tuple[str, Any]]:
-        """``values`` as (name, raw value) pairs worth keeping: bounded names, values that
-        need no device read (a CUDA tensor is copied to the host without a sync)."""
-        items = []
-        names = self._scalar_names  # (set operations are atomic under the GIL)
-        for key, value in values.items():
-            name = clean_name(key)
-            if name not in names:
-                if len(names) >= MAX_SCALAR_NAMES:
-                    self.dropped_scalars += 1  # bounded series: new names past the cap
-                    continue
-                names.add(name)
-            item = raw_scalar(value, self.events)
-            if item is not None:
-                items.append((name, item))
-        return items

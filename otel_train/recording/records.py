@@ -32,7 +32,7 @@ from .scopes import CYCLE, MAX_MESSAGE
 # A deferred-log entry: ``(stack, time, kind, ...)``; what follows ``kind`` depends on it.
 L_STACK, L_TIME, L_KIND = range(3)
 # An adapter boundary's kind is the boundary itself (a tuple from ``scopes.boundary()``);
-# the other kinds are these (their payloads are listed in DeferredLog._apply).
+# the other kinds are these (their payloads are listed in DeferredLog._replay).
 ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD = range(7)
 
 
