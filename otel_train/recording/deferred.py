@@ -147,8 +147,9 @@ class DeferredLog(PhaseMachine):
                 self._on_full()
             return
         with self._lock:
-            handover = self.handover  # (settle only if there is something to settle: one
-            if self._log or (handover is not None and handover.raw):  # call less per hook)
+            # _settle() only when there is something to settle: a call less per hook.
+            handover = self.handover
+            if self._log or (handover is not None and handover.raw):
                 self._settle()
             self._replay(item)
         if self._due:
@@ -190,8 +191,8 @@ class DeferredLog(PhaseMachine):
     def _settle(self, limit: int = -1) -> None:
         """Apply deferred boundaries (all of them unless ``limit``); the lock is held.
 
-        Every locked entry method runs this, with an empty log as a rule: the raw
-        handover's test is _catch_up() inline, to keep that case to one call."""
+        Locked entry methods run this with an empty log as a rule: the raw handover's
+        test is _catch_up() inline, to keep that case to one call."""
         handover = self.handover
         if handover is not None and handover.raw:  # the state first: what went out raw
             handover.leave_raw()

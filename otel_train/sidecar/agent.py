@@ -27,7 +27,8 @@ from ..export.resource import rank
 from ..export.setup import build_own
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker, RegionLog
-from ..recording.recorder import Recorder, replica_stacks, stack_of
+from ..recording.recorder import Recorder
+from ..recording.records import replica_stacks, stack_of
 from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError
 from ..wiring import build_consumer
