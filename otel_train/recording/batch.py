@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from operator import itemgetter, sub
 from typing import Any
 
-from .resolved import DEV_START, MEMORY, NAME, PARENT, SECONDS, SEQ, ResolvedStep, scalar_value
+from .records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from .resolved import ResolvedStep, scalar_value
 
 MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
 _TIME = itemgetter(1)
@@ -141,9 +142,9 @@ class StepBlock:
         block.tokens = [s.tokens for s in steps]
         block.durations = [s.end - s.start for s in steps]
         rows = [s.rows for s in steps]
-        block.phase_seconds = [[r[i][SECONDS] for r in rows] for i in range(len(shape.names))]
-        if any(row[MEMORY] is not None for r in rows for row in r):
-            block.memory = [[r[i][MEMORY] for r in rows] for i in range(len(shape.names))]
+        block.phase_seconds = [[r[i][P_SECONDS] for r in rows] for i in range(len(shape.names))]
+        if any(row[P_MEMORY] is not None for r in rows for row in r):
+            block.memory = [[r[i][P_MEMORY] for r in rows] for i in range(len(shape.names))]
         block.errors = [i for i, s in enumerate(steps) if s.error]
         if any(s.device_seconds is not None for s in steps):
             block.device_seconds = [s.device_seconds for s in steps]
@@ -287,7 +288,7 @@ def group_steps(steps: list[ResolvedStep], shapes: dict[Any, Shape]) -> list[Ste
     run: list[ResolvedStep] = []
     key: Any = None
     for s in steps:
-        k = tuple((r[SEQ], r[PARENT], r[NAME], r[DEV_START] is not None) for r in s.rows)
+        k = tuple((r[P_SEQ], r[P_PARENT], r[P_NAME], r[P_EV0] is not None) for r in s.rows)
         if k != key and run:
             out.append(StepBlock.of_steps(run, _shape(shapes, key)))
             run = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any
 
-from .batch import Shape, StepBlock
+from .batch import Shape
 
 MAX_TEMPLATE = 64  # entries a step may log to be recognised
 MAX_TEMPLATES = 8  # shapes kept per first boundary
@@ -84,6 +84,3 @@ class Template:
         if run.count(stack) != len(run):  # (PhaseStack compares by identity)
             k = next(j for j, s in enumerate(run) if s is not stack) // m
         return k
-
-
-__all__ = ["KIND", "MAX_TEMPLATE", "MAX_TEMPLATES", "STACK", "StepBlock", "Template"]

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# A phase row's fields, by position: rows are tuples (the worker reads many per step).
-SEQ, PARENT, NAME, HOST_START, HOST_END, DEV_START, DEV_END, MEMORY, ERROR, SECONDS = range(10)
-
 # Phases that run on the host by nature: timed with the host clock, no CUDA events.
 HOST_PHASES = frozenset({"data"})
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from .batch import Shape, StepBlock, group_steps
 from .device import DeviceClock
-from .recorder import OpenStep, Recorder
+from .recorder import Recorder
+from .records import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
 from .resolved import ResolvedStep, scalar_value
 
-_BY_SEQ = operator.itemgetter(0)
+_BY_SEQ = operator.itemgetter(P_SEQ)
 
 # What a source hands on: a block (of recognised steps, columns not yet derived when it
 # crosses to the sidecar) or resolved steps; :func:`finished` makes blocks of both.
@@ -119,9 +120,9 @@ class StepSource:
             return rs
         timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
         for p in phases:
-            if p[5] is not None:
-                timed.append((p[5], p[3]))
-                timed.append((p[6], p[4]))
+            if p[P_EV0] is not None:
+                timed.append((p[P_EV0], p[P_T0]))
+                timed.append((p[P_EV1], p[P_T1]))
         placed = self.clock.place(timed)
         rs.dev_start, rs.dev_end = placed[0], placed[1]
         it = iter(placed[2:])
@@ -174,4 +175,4 @@ def finished(part: Part, shapes: dict[Any, Shape]) -> list[StepBlock]:
 def _completed(step: OpenStep) -> bool:
     if not step.ev1.query():
         return False
-    return all(p[6] is None or p[6].query() for p in step.phases)
+    return all(p[P_EV1] is None or p[P_EV1].query() for p in step.phases)

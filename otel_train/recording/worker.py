@@ -25,7 +25,8 @@ from .batch import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .resolved import DEV_START, NAME, SECONDS, ResolvedStep
+from .records import P_EV0, P_NAME, P_SECONDS
+from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .source import Batch, Counters, StepSource
 from .spans import SpanEmitter
@@ -394,9 +395,9 @@ class Worker:
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
                 for row in step.rows:
-                    entry = self._series[row[DEV_START] is not None].get(row[NAME])
+                    entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                     if entry is not None:  # folded names map to the "_other" series
-                        entry[0].attach_exemplar(Exemplar(row[SECONDS], when, trace_id, span_id))
+                        entry[0].attach_exemplar(Exemplar(row[P_SECONDS], when, trace_id, span_id))
         # Spans are emitted after the batch's metrics were updated: publish the count now,
         # or the last batch (and the shutdown drain) would never be counted.
         with self.agg.lock:

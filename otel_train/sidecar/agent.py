@@ -28,7 +28,8 @@ from ..export.setup import build_own
 from ..recording.batch import Shape
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
-from ..recording.recorder import Recorder, replica_stacks, stack_of
+from ..recording.recorder import Recorder
+from ..recording.records import replica_stacks, stack_of
 from ..recording.regions import RegionLog
 from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError

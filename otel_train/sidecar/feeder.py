@@ -22,7 +22,9 @@ from typing import Any
 from ..recording.batch import StepBlock
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
+from ..recording.records import L_KIND
 from ..recording.regions import RegionLog
+from ..recording.scopes import B_BEGIN
 from ..recording.source import Batch, Counters, StepSource
 from ..settings import ConfigError, Settings
 from . import wire
@@ -143,7 +145,9 @@ class Feeder:
             if self._full():
                 self.dropped_entries += len(raw[1])
                 # (steps begun in them: boundaries that may open one)
-                self.dropped_steps += sum(1 for e in raw[1] if e[2].__class__ is tuple and e[2][2])
+                self.dropped_steps += sum(
+                    1 for e in raw[1] if e[L_KIND].__class__ is tuple and e[L_KIND][B_BEGIN]
+                )
             else:
                 self.process.send((wire.RAW, raw[0], raw[1]))
         if extras:  # counters, regions, FLOP counts

@@ -1,0 +1,308 @@
+"""The deferred log: boundaries logged on the training thread, applied later under a lock.
+
+Without CUDA nothing must be read at a boundary but the clock, so a hook appends
+``(stack, time, kind, ...)`` to a log and returns; the state machine (phases.py) replays
+the log under the lock on whichever thread settles it first, normally the worker. Any
+caller that needs the state settles before it reads it, so the state every caller sees
+is the same as if nothing had been deferred. Runs of steps whose boundaries repeat a known
+shape are not replayed one by one: :meth:`DeferredLog.drain_blocks` hands them to the
+worker as columns (blocks.py), using the shapes learned in shapes.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from ..settings import Settings
+from .batch import StepBlock
+from .blocks import KIND, STACK, Template
+from .phases import PhaseMachine
+from .records import (
+    COUNTS,
+    ENTER,
+    EXIT,
+    L_KIND,
+    L_STACK,
+    L_TIME,
+    SCALARS,
+    STEP_BEGIN,
+    STEP_END,
+    OpenStep,
+)
+from .scopes import CYCLE, MAX_LOG, SETTLE_SLICE
+from .shapes import StepShapes
+
+if TYPE_CHECKING:
+    from .debug_hooks import DebugHooks
+
+
+class DeferredLog(PhaseMachine):
+    """The phase machine behind a log: entries are applied in order, by whoever needs
+    the state first, and recognised steps leave it as blocks."""
+
+    def __init__(self, settings: Settings, replica: bool = False) -> None:
+        super().__init__(settings, replica)
+        # Deferred boundaries, counts and scalars; their shapes are listed in _replay.
+        self._log: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._lock = threading.RLock()  # the state machine runs on one thread at a time
+        # The sidecar's raw handover (sidecar/raw.py) while the log goes out unapplied:
+        # anything that needs this recorder's state has it catch up first.
+        self.handover: Any = None
+        # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
+        self._defer = self._may_defer()
+        self._shapes = StepShapes(settings)
+        self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
+        # Past these many log entries the log is applied here (the worker fell behind),
+        # unless on_backlog() named a taker (the sidecar's feeder, on this thread).
+        self._log_limit = MAX_LOG
+        self._on_full: Any = self.settle
+
+    # -- what turns deferral off -------------------------------------------------------
+
+    @property
+    def debug(self) -> DebugHooks | None:
+        return self._debug
+
+    @debug.setter
+    def debug(self, hooks: DebugHooks | None) -> None:
+        # Debugging components act at step boundaries on the training thread (a profiler
+        # starts there, a snapshot window opens there): no deferral while one is on.
+        with self._lock:
+            self._settle()
+            self._debug = hooks
+            self._defer = self._may_defer()
+
+    @property
+    def flop_probe(self) -> Any:
+        return self._flop_probe
+
+    @flop_probe.setter
+    def flop_probe(self, probe: Any) -> None:
+        # A counted step runs under a dispatch mode entered and left on the training
+        # thread at the step's boundaries: no deferral while a count is due.
+        with self._lock:
+            self._settle()
+            self._flop_probe = probe
+            self._defer = self._may_defer()
+
+    def _may_defer(self) -> bool:
+        return not self._want_cuda and self._debug is None and self._flop_probe is None
+
+    # -- the state, as callers see it --------------------------------------------------
+
+    @property
+    def _templates(self) -> dict[Any, Any]:
+        """The step shapes learned so far (for tests: StepShapes.templates)."""
+        return self._shapes.templates
+
+    @property
+    def current_step(self) -> OpenStep | None:
+        """The open step, after every deferred boundary has been applied (the lock waits
+        for a drain in progress: its entries are off the log but not yet applied)."""
+        if self._log or self._raw_out():
+            self.settle()
+        with self._lock:
+            return self._current
+
+    @property
+    def pending(self) -> collections.deque[OpenStep]:
+        """Finished steps waiting for the worker (deferred boundaries applied first)."""
+        if self._log or self._raw_out():
+            self.settle()
+        return self._pending
+
+    @property
+    def finished(self) -> collections.deque[OpenStep]:
+        """Finished steps waiting, boundaries still in the log not applied."""
+        return self._pending
+
+    @property
+    def pending_count(self) -> int:
+        """Finished steps waiting now, boundaries still in the log not applied."""
+        return len(self._pending)
+
+    def has_work(self) -> bool:
+        """Whether the worker has boundaries to apply or finished steps to take (without
+        applying anything here: ``pending`` would replay the log on the caller's thread)."""
+        return bool(self._log or self._pending)
+
+    def backlog_due(self) -> bool:
+        """Whether enough waits for the worker to process before its next batch time:
+        a quarter of the log's or of the finished steps' bound (read without the lock)."""
+        return len(self._log) >= MAX_LOG // 4 or len(self._pending) >= self.max_pending // 4
+
+    # -- logging an entry, or applying it now ------------------------------------------
+
+    def _record(self, item: tuple[Any, ...], defer: bool) -> None:
+        """What every entry method does with its entry once it has read the clock: log it
+        (``defer``, normally ``self._defer``), or apply it now after everything logged
+        before it, then hand finished steps on if enough wait (outside the lock: the
+        taker may replay on this thread). The caller catches what this raises."""
+        if defer:
+            log = self._log
+            log.append(item)
+            if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
+                self._on_full()
+            return
+        with self._lock:
+            # _settle() only when there is something to settle: a call less per hook.
+            handover = self.handover
+            if self._log or (handover is not None and handover.raw):
+                self._settle()
+            self._replay(item)
+        if self._due:
+            self._take_due()
+
+    def settle(self) -> None:
+        """Apply every deferred boundary, in the order the hooks logged them.
+
+        In slices, so that a training thread waiting for the lock (an explicit phase
+        beside an instrumented loop) waits for one slice, not for the whole backlog.
+        """
+        while self._log or self._raw_out():
+            with self._lock:
+                self._settle(SETTLE_SLICE)
+
+    def _raw_out(self) -> bool:
+        """Whether entries went to the sidecar unapplied here (sidecar/raw.py)."""
+        return self.handover is not None and bool(self.handover.raw)
+
+    def _catch_up(self) -> None:
+        """Apply here what went to the sidecar unapplied (the lock is held)."""
+        if self._raw_out():
+            self.handover.leave_raw()
+
+    def on_backlog(self, take: Any, entries: int, steps: int) -> None:
+        """Call ``take()`` (on the recording thread, with no lock held) once the log holds
+        more than ``entries`` entries or ``steps`` finished steps wait: how a feeder in
+        this process hands work on without a thread of its own (otel_train/sidecar/)."""
+        self._log_limit = entries
+        self._steps_limit = steps
+        self._on_full = take
+
+    def _take_due(self) -> None:
+        self._due = False
+        self._on_full()
+
+    # -- applying the log ----------------------------------------------------------------
+
+    def _settle(self, limit: int = -1) -> None:
+        """Apply deferred boundaries (all of them unless ``limit``); the lock is held.
+
+        Locked entry methods run this with an empty log as a rule: the raw handover's
+        test is _catch_up() inline, to keep that case to one call."""
+        handover = self.handover
+        if handover is not None and handover.raw:  # the state first: what went out raw
+            handover.leave_raw()
+        log = self._log
+        popleft = log.popleft
+        replay = self._replay
+        try:
+            while log:
+                # Entries appended meanwhile wait for the next pass (or the next call).
+                count = len(log) if limit < 0 else min(limit, len(log))
+                for _ in range(count):
+                    replay(popleft())
+                if limit >= 0:
+                    return
+        except Exception:
+            log.clear()
+            self._fail()
+
+    def _replay(self, item: tuple[Any, ...]) -> None:
+        """Apply one logged entry: ``(stack, t, kind, ...)``, or ``(None, 0, kind, ...)``
+        for what needs no time. (One function: a call per entry is what replay costs.)"""
+        kind = item[L_KIND]
+        if kind.__class__ is tuple:  # an adapter boundary: (stack, t, b[, samples, tokens])
+            close, open_, begin, end, counted = kind
+            self._transition_at(item[L_STACK], item[L_TIME], close, open_, begin, end)
+            if counted and (item[3] is not None or item[4] is not None):
+                self._adapter_counts(item[3], item[4])
+        elif kind == ENTER:  # (stack, t, ENTER, name)
+            self._enter_at(item[3], item[1], item[0])
+        elif kind == EXIT:  # (stack, t, EXIT, name, error)
+            self._exit_at(item[1], item[0], item[4], item[3])
+        elif kind == STEP_BEGIN:  # (stack, t, STEP_BEGIN, samples, tokens)
+            self._scoped_begin_at(item[1], item[3], item[4], item[0])
+        elif kind == STEP_END:  # (stack, t, STEP_END)
+            self._scoped_end_at(item[1])
+        elif kind == SCALARS:  # (stack, 0, SCALARS, [(name, value)])
+            self._add_scalars(item[3])
+        elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens): a batch's counts
+            self._adapter_counts(item[3], item[4])
+        else:  # (None, 0, DISCARD, name): an exhausted loader's step
+            self._discard_if_only(item[3])
+
+    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], StepBlock]]:
+        """Apply the log, taking runs of recognised steps as blocks (recording/blocks.py).
+
+        Returns ``(steps finished before the block, block)`` pairs in order; steps
+        finished after the last block stay in ``pending``. Normally the worker's call.
+        ``keep_partial``: a log that ends inside a step of a known shape keeps that
+        step's entries for the next call (the sidecar's feeder drains every few steps:
+        replaying the partial step, or learning from it, would cost more than the rest).
+        """
+        out: list[tuple[list[OpenStep], StepBlock]] = []
+        if not self._log or not self._defer or not self.blocks:
+            return out
+        with self._lock:
+            self._catch_up()
+            log = self._log
+            # Entries the training thread appends meanwhile wait for the next call. (Those
+            # taken here are applied before the lock is released: current_step waits.)
+            entries = list(islice(iter(log.popleft, None), len(log)))
+            n = len(entries)
+            kinds: list[Any] = []
+            stacks: list[Any] = []
+            shapes = self._shapes
+            i = 0
+            try:
+                while i < n:
+                    item = entries[i]
+                    if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
+                        stack = item[L_STACK]
+                        if self._current is None and not stack and self.enabled:
+                            if not kinds:
+                                kinds = list(map(KIND, entries))
+                                stacks = list(map(STACK, entries))
+                            if keep_partial and shapes.partial_at(kinds, stacks, i):
+                                log.extendleft(reversed(entries[i:]))
+                                return out
+                            k, tpl = shapes.block_at(entries, kinds, stacks, i)
+                            if k:
+                                assert tpl is not None
+                                i += self._take_block(entries, i, k, tpl, stack, out)
+                                continue
+                    self._replay(item)
+                    i += 1
+            except Exception:
+                log.clear()
+                self._fail()
+        return out
+
+    def _take_block(
+        self,
+        entries: list[tuple[Any, ...]],
+        i: int,
+        k: int,
+        tpl: Template,
+        stack: list[Any],
+        out: list[tuple[list[OpenStep], StepBlock]],
+    ) -> int:
+        """Take ``k`` steps of shape ``tpl`` from entry ``i`` as one block, as if they had
+        been replayed: the step indices and the step stack move on. Returns the entries
+        taken."""
+        run = entries[i : i + k * tpl.m]
+        block = StepBlock(tpl, run, self._next_index)
+        out.append((list(self._pending), block))
+        for p in tpl.loose:  # scalars recorded between steps
+            for e in run[p :: tpl.m]:
+                self.loose_scalars.extend(e[3])
+        self._pending.clear()
+        self._next_index += k
+        if tpl.mode != CYCLE:
+            self.step_stack = stack
+        return k * tpl.m

@@ -1,0 +1,260 @@
+"""The step state machine: which step is open, how one opens and closes, and what a
+finished step carries to the worker.
+
+Every ``*_at`` method here applies one event at a time ``t`` that was read earlier (on
+the training thread, perhaps long before), so the same code serves the training thread
+applying a boundary at once and any thread replaying the deferred log (deferred.py).
+The caller holds the recorder's lock, or owns the object alone (the scratch machine that
+learns a step's shape, shapes.py). Nothing here reads the clock or the log: the machine
+is a function of the events it is handed, which is what lets a replay reproduce it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..settings import ConfigError, Settings
+from .device import EventPool
+from .memory import CudaMemoryTracker
+from .records import P_EV0, P_EV1, P_NAME, OpenStep, PhaseStack
+from .resolved import HOST_PHASES
+from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_STACK
+
+if TYPE_CHECKING:
+    from .debug_hooks import DebugHooks
+
+_log = logging.getLogger("otel_train")
+
+
+class StepMachine:
+    """The recorder's state and its step transitions (phases: phases.py)."""
+
+    def __init__(self, settings: Settings, replica: bool = False) -> None:
+        """``replica``: the sidecar's copy, which only replays logs shipped to it."""
+        self.settings = settings
+        self.enabled = True
+        self._pending: collections.deque[OpenStep] = collections.deque()
+        self.max_pending = settings.max_pending_steps
+        self.dropped_steps = 0
+        self.dropped_phases = 0
+        self.events = EventPool()
+        self.memory: CudaMemoryTracker | None = None
+        self._cuda = False
+        # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
+        self._want_cuda = (
+            not replica and settings.device_timing != "off" and torch.cuda.is_available()
+        )
+        self._debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
+        # FLOP counting (recording/flops.py): set only while a step is to be counted.
+        self._flop_probe: Any = None
+        self._tls = threading.local()
+        self._current: OpenStep | None = None
+        self._next_index = 0
+        self._scoped: list[OpenStep | None] = []  # what each open scoped step opened
+        self.compiled_seen = False  # an adapter saw its model run under torch.compile
+        # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
+        self.step_stack: list[list[Any]] | None = None
+        self._failed_once = False
+        self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
+        # Past this many finished steps, _due asks the call that closed the last one to
+        # hand them on when it returns (DeferredLog.on_backlog).
+        self._steps_limit = INT64_MAX
+        self._due = False
+        if settings.device_timing == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(
+                "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
+                "accepted values: 'auto', 'cuda', 'off'"
+            )
+
+    def _tls_stack(self) -> list[list[Any]]:
+        tls = self._tls
+        try:
+            return tls.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            tls.stack = PhaseStack()
+            return tls.stack  # type: ignore[no-any-return]
+
+    # -- failure ---------------------------------------------------------------------
+
+    def _disabled(self) -> None:
+        """A call while recording is off: a FLOP count cut short by it ends on this thread."""
+        probe = self._flop_probe
+        if probe is not None:
+            probe.abort()
+
+    def _fail(self) -> None:
+        """An error inside telemetry: log once, disable recording, never raise."""
+        self.enabled = False
+        self._disabled()
+        if not self._failed_once:
+            self._failed_once = True
+            _log.exception("otel-train: internal error while recording; recording disabled")
+
+    # -- opening and closing steps -----------------------------------------------------
+
+    def _refresh_cuda(self) -> None:
+        # Cheap re-check until CUDA shows up: we never create a CUDA context ourselves.
+        if self._want_cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            self._cuda = True
+            if self.settings.memory and self.memory is None:
+                self.memory = CudaMemoryTracker(self.settings.reset_peak_memory)
+
+    def _begin_at(
+        self,
+        mode: int,
+        t: int,
+        samples: int | None = None,
+        tokens: int | None = None,
+        stack: list[list[Any]] | None = None,
+    ) -> OpenStep | None:
+        """Open a step at ``t``; ``stack`` is the phase stack of the thread opening it."""
+        if not self.enabled:
+            return None
+        try:
+            current = self._current
+            if current is not None:
+                if mode == EXPLICIT and current.mode == EXPLICIT:
+                    return None  # nested explicit step: the outer one stands
+                if self._adopt(current, mode, samples, tokens, stack):
+                    return current
+                self._close(current, t)
+            if self._want_cuda and not self._cuda:
+                self._refresh_cuda()
+            if self._cuda:
+                step = OpenStep(self._next_index, t, mode, self.events.record(),
+                                torch.cuda.current_device())  # fmt: skip
+            else:
+                step = OpenStep(self._next_index, t, mode, None, None)
+            if mode != CYCLE:
+                self.step_stack = stack
+            step.samples, step.tokens = samples, tokens
+            self._next_index += 1
+            self._current = step
+            if self._debug is not None:
+                self._debug.step_started(step.index)
+            if self._flop_probe is not None and stack is self._tls_stack():
+                # (a boundary logged before the probe was armed may be replayed on the
+                # worker: the dispatch mode belongs on the step's own thread)
+                self._flop_probe.begin(step)
+            return step
+        except Exception:
+            self._fail()
+            return None
+
+    @staticmethod
+    def _adopt(
+        current: OpenStep,
+        mode: int,
+        samples: int | None,
+        tokens: int | None,
+        stack: list[list[Any]] | None,
+    ) -> bool:
+        """``for batch in loader: with step():`` -- the instrumented loader's fetch opened
+        ``current``; it belongs to the user's step, not a step of its own: make it that."""
+        if not (
+            mode == EXPLICIT
+            and current.mode == ADAPTER
+            and not stack
+            and all(p[P_NAME] in HOST_PHASES for p in current.phases)
+        ):
+            return False
+        current.mode = EXPLICIT
+        if samples is not None or tokens is not None:
+            current.samples, current.tokens = samples, tokens
+        return True
+
+    def _close(self, step: OpenStep, t1: int) -> None:
+        if self._flop_probe is not None:
+            self._flop_probe.end(step, t1)
+        step.t1 = t1
+        step.ev1 = self.events.record() if step.ev0 is not None else None
+        step.closed = True
+        self._current = None
+        if self._debug is not None:
+            self._debug.step_ended(step.index)
+        pending = self._pending
+        if len(pending) >= self.max_pending:
+            try:
+                old = pending.popleft()
+                self.dropped_steps += 1
+                self._release_step(old)
+            except IndexError:
+                pass
+        pending.append(step)
+        if len(pending) >= self._steps_limit:
+            self._due = True  # handed on when the call that closed it returns
+
+    def _release_step(self, step: OpenStep) -> None:
+        ev = self.events
+        ev.release(step.ev0)
+        ev.release(step.ev1)
+        for p in step.phases:
+            ev.release(p[P_EV0])
+            ev.release(p[P_EV1])
+
+    def _end_at(self, t: int, mode: int) -> None:
+        """End the open step if ``mode`` ends it: its own, or an adapter's optimizer step
+        ending a step that bare phases opened."""
+        step = self._current
+        if step is None:
+            return
+        if step.mode != mode and not (mode == ADAPTER and step.mode == CYCLE):
+            return
+        self._close(step, t)
+
+    # Scoped explicit steps (``with step():``, a method-map adapter's step method): their
+    # ends pair with their begins, so a nested one neither opens nor ends a step.
+
+    def _scoped_begin_at(
+        self, t: int, samples: int | None, tokens: int | None, stack: list[list[Any]]
+    ) -> None:
+        scoped = self._scoped
+        if len(scoped) >= MAX_STACK:  # scopes entered and never left: forget the oldest
+            del scoped[0]
+        scoped.append(self._begin_at(EXPLICIT, t, samples, tokens, stack))
+
+    def _scoped_end_at(self, t: int) -> None:
+        opened = self._scoped.pop() if self._scoped else None
+        if opened is not None and opened is self._current and self.enabled:
+            self._close(opened, t)
+
+    # -- what a step carries besides its phases ------------------------------------------
+
+    @staticmethod
+    def _add_counts(step: OpenStep, samples: int | None, tokens: int | None) -> None:
+        if samples is not None:
+            step.samples = (step.samples or 0) + samples
+        if tokens is not None:
+            step.tokens = (step.tokens or 0) + tokens
+
+    def _adapter_counts(self, samples: int | None, tokens: int | None) -> None:
+        """A batch's counts go to an adapter's step only: an explicit step carries the
+        user's own counts."""
+        step = self._current
+        if step is not None and step.mode == ADAPTER:
+            self._add_counts(step, samples, tokens)
+
+    def _add_scalars(self, items: list[tuple[str, Any]]) -> None:
+        """Scalars belong to the step open when they were recorded (else they stand alone)."""
+        step = self._current
+        if step is not None:
+            if step.scalars is None:
+                step.scalars = []
+            step.scalars.extend(items)
+        else:
+            self.loose_scalars.extend(items)
+
+    def _discard_if_only(self, name: str) -> None:
+        step = self._current
+        if step is None or step.mode != ADAPTER:
+            return
+        if all(p[P_NAME] == name for p in step.phases):
+            self._current = None
+            if step.index == self._next_index - 1:
+                self._next_index -= 1  # keep step indices contiguous across epochs
+            self._release_step(step)

@@ -1,0 +1,197 @@
+"""Phases on a thread's stack: entering, exiting, and an adapter's boundary in one go.
+
+A phase lives as a stack entry (a list, see records.S_NAME ...) while it is open and
+becomes a row of its step (a tuple, records.P_SEQ ...) when it exits. Like the step
+machine below it, every method applies an event at a time read earlier, with the lock
+held or on an object nobody else sees. :meth:`PhaseMachine._transition_at` is the common
+CPU case: it handles a whole adapter boundary without the general enter/exit path, so a
+replayed plain-loop step costs a few list operations per boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .machine import StepMachine
+from .records import (
+    S_NAME,
+    S_PARENT,
+    S_PEAK_ALLOCATED,
+    S_PEAK_RESERVED,
+    S_SEQ,
+    S_STEP,
+    S_T0,
+    OpenStep,
+    describe_exception,
+)
+from .resolved import HOST_PHASES
+from .scopes import ADAPTER, CYCLE, MAX_STACK
+
+
+class PhaseMachine(StepMachine):
+    """The step machine with phases: what a boundary does to a thread's stack and step."""
+
+    def _enter_at(self, name: str, t: int, stack: list[list[Any]]) -> None:
+        if not self.enabled:
+            return
+        try:
+            step = self._current
+            if step is None or (step.top is not None and not stack):
+                step = self._enter_top(name, step, t, stack)
+                if step is None:
+                    return
+            if self._cuda:
+                ev = self.events.record() if name not in HOST_PHASES else None
+                r0 = o0 = 0
+                mem = self.memory
+                if mem is not None:
+                    pa, pr, r0, o0 = mem.sample()
+                    _fold_peaks(stack, pa, pr)
+            else:
+                ev = None
+                r0 = o0 = 0
+            seq = step.seq
+            step.seq = seq + 1
+            if stack:
+                if len(stack) >= MAX_STACK:
+                    raise RuntimeError("phase nesting deeper than 8192: enter/exit mismatch?")
+                top = stack[-1]
+                parent = top[S_SEQ] if top[S_STEP] is step else -1
+                stack.append([name, seq, parent, t, ev, step, 0, 0, r0, o0])
+            else:
+                stack.append([name, seq, -1, t, ev, step, 0, 0, r0, o0])
+        except Exception:
+            self._fail()
+
+    def _enter_top(
+        self, name: str, step: OpenStep | None, t: int, stack: list[list[Any]]
+    ) -> OpenStep | None:
+        """A top-level phase: open a cycle step if none, or start the next cycle."""
+        if step is None:
+            if self.step_stack is not None and self.step_stack is not stack:
+                # Between another thread's steps: belongs to no step, and opens none.
+                self.dropped_phases += 1
+                return None
+            step = self._begin_at(CYCLE, t, stack=stack)
+        elif step.top is not None and name in step.top:
+            self._close(step, t)  # the name repeats: a new cycle begins here
+            step = self._begin_at(CYCLE, t, stack=stack)
+        if step is not None and step.top is not None:
+            step.top.add(name)
+        return step
+
+    def _describe(self, exc_type: Any, exc: Any) -> tuple[Any, ...]:
+        error = describe_exception(exc_type, exc)
+        if self._debug is not None:
+            error += (self._debug.phase_error(exc),)  # the OOM snapshot's path, if any
+        return error
+
+    def _exit_at(
+        self,
+        t: int,
+        stack: list[list[Any]],
+        error: tuple[Any, ...] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Exit the innermost phase (or ``name`` and what an adapter opened inside it);
+        ``error`` is the exception it ended with, already described."""
+        if not self.enabled:
+            return
+        try:
+            if not stack:
+                return
+            if (
+                name is not None
+                and stack[-1][S_NAME] != name
+                and any(e[S_NAME] == name for e in stack)
+            ):
+                # Phases an adapter opened inside this one (the model's inferred forward)
+                # end with it; popping the wrong entry would leak this one on the stack.
+                while stack and stack[-1][S_NAME] != name and self.enabled:
+                    self._exit_at(t, stack)
+                if not stack or not self.enabled:
+                    return
+            entry = stack[-1]
+            _, seq, parent, t0, ev0, step, _, _, r0, o0 = entry
+            ev = self.events.record() if ev0 is not None else None
+            memory = None
+            mem = self.memory
+            if mem is not None:
+                pa, pr, r, o = mem.sample()
+                _fold_peaks(stack, pa, pr)
+                memory = (entry[S_PEAK_ALLOCATED], entry[S_PEAK_RESERVED], r - r0, o - o0)
+            stack.pop()
+            if step.closed:
+                # The step ended (another thread or an adapter) while this phase ran.
+                self.dropped_phases += 1
+                self.events.release(ev0)
+                self.events.release(ev)
+                return
+            if error is not None:
+                step.error = True
+            # Host seconds; a phase with events gets its device seconds on the worker.
+            seconds = (t - t0) / 1e9 if t > t0 else 0.0
+            step.phases.append((seq, parent, entry[S_NAME], t0, t, ev0, ev, memory, error, seconds))
+        except Exception:
+            self._fail()
+
+    def _transition_at(
+        self,
+        stack: list[list[Any]],
+        t: int,
+        close: str | None,
+        open_: str | None,
+        begin: int,
+        end: int,
+    ) -> None:
+        """Boundary ``(close, open_, begin, end)`` at ``t`` (see scopes.boundary())."""
+        if not self.enabled:
+            return
+        try:
+            if close is not None and stack and stack[-1][S_NAME] == close:
+                if self._cuda:
+                    self._exit_at(t, stack)
+                else:
+                    entry = stack.pop()
+                    owner = entry[S_STEP]
+                    if owner.closed:
+                        self.dropped_phases += 1
+                    else:
+                        t0 = entry[S_T0]
+                        seconds = (t - t0) / 1e9 if t > t0 else 0.0
+                        owner.phases.append((entry[S_SEQ], entry[S_PARENT], close, t0, t, None,
+                                             None, None, None, seconds))  # fmt: skip
+            step = self._current
+            if (
+                end
+                and step is not None
+                and (step.mode == end or (end == ADAPTER and step.mode == CYCLE))
+            ):
+                self._close(step, t)
+                step = None
+            if open_ is None:
+                return
+            if step is None:
+                if not begin:
+                    return  # a boundary outside any step (evaluation, a stray backward)
+                step = self._begin_at(begin, t, stack=stack)
+                if step is None:
+                    return
+            if self._cuda or (step.top is not None and not stack):
+                self._enter_at(open_, t, stack)  # the general path: events, memory, cycles
+                return
+            seq = step.seq
+            step.seq = seq + 1
+            parent = stack[-1][S_SEQ] if stack and stack[-1][S_STEP] is step else -1
+            stack.append([open_, seq, parent, t, None, step, 0, 0, 0, 0])
+        except Exception:
+            self._fail()
+
+
+def _fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+    """Hand the allocator's peak since the last boundary to every phase open now."""
+    for e in stack:
+        if peak_allocated > e[S_PEAK_ALLOCATED]:
+            e[S_PEAK_ALLOCATED] = peak_allocated
+        if peak_reserved > e[S_PEAK_RESERVED]:
+            e[S_PEAK_RESERVED] = peak_reserved

@@ -1,0 +1,123 @@
+"""The shapes the recording core passes around: open steps, stack entries, phase rows
+and deferred-log entries.
+
+The hot path builds plain lists and tuples, not objects, because a tuple costs the
+training thread less than an instance with attributes; the price is fields read by
+position. The index constants below name those positions once, for the recorder and for
+whoever reads its rows (the worker, the sidecar, blocks.py), so that a slot's meaning is
+looked up here rather than inferred from a bare number.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+
+from .scopes import CYCLE, MAX_MESSAGE
+
+# A phase stack entry (a list, mutated while the phase is open):
+# [name, seq, parent seq (-1: none), host t0, start event, the step it belongs to,
+#  peak allocated and peak reserved bytes so far, alloc retries and OOMs at entry]
+(S_NAME, S_SEQ, S_PARENT, S_T0, S_EV0, S_STEP, S_PEAK_ALLOCATED, S_PEAK_RESERVED, S_RETRIES,
+ S_OOMS) = range(10)  # fmt: skip
+
+# A finished phase's row (a tuple in OpenStep.phases and ResolvedStep.rows):
+# (seq, parent seq, name, host t0, host t1, start event or device t0, end event or device
+#  t1, memory figures or None, described error or None, seconds)
+(P_SEQ, P_PARENT, P_NAME, P_T0, P_T1, P_EV0, P_EV1, P_MEMORY, P_ERROR,
+ P_SECONDS) = range(10)  # fmt: skip
+
+# A deferred-log entry: ``(stack, time, kind, ...)``; what follows ``kind`` depends on it.
+L_STACK, L_TIME, L_KIND = range(3)
+# An adapter boundary's kind is the boundary itself (a tuple from ``scopes.boundary()``);
+# the other kinds are these (their payloads are listed in DeferredLog._replay).
+ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD = range(7)
+
+
+class PhaseStack(list):  # type: ignore[type-arg]
+    """A thread's phase stack; equal only to itself (the worker counts a thread's
+    entries in a log by comparing stacks, and two threads' empty stacks are not one)."""
+
+    __slots__ = ()
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Shipped to the sidecar as a token: its replica keeps one stack per token.
+        return (stack_of, (id(self),))
+
+
+_REPLICA_STACKS: dict[int, PhaseStack] = {}
+
+
+def stack_of(token: int) -> PhaseStack:
+    """The sidecar replica's stack for a training-process stack's token."""
+    stack = _REPLICA_STACKS.get(token)
+    if stack is None:
+        stack = _REPLICA_STACKS[token] = PhaseStack()
+    return stack
+
+
+def replica_stacks() -> dict[int, PhaseStack]:
+    return _REPLICA_STACKS
+
+
+class OpenStep:
+    """A step being recorded, then handed to the worker as is."""
+
+    __slots__ = (
+        "closed",
+        "device",
+        "error",
+        "ev0",
+        "ev1",
+        "index",
+        "mode",
+        "phases",
+        "samples",
+        "scalars",
+        "seq",
+        "t0",
+        "t1",
+        "tokens",
+        "top",
+    )
+
+    def __init__(self, index: int, t0: int, mode: int, ev0: Any, device: int | None) -> None:
+        self.index = index
+        self.t0 = t0
+        self.t1 = 0
+        self.mode = mode
+        self.ev0 = ev0
+        self.ev1: Any = None
+        self.samples: int | None = None
+        self.tokens: int | None = None
+        # Rows (see P_SEQ ...): the worker's rows as they are when the phase has no
+        # events (the CPU case)
+        self.phases: list[tuple[Any, ...]] = []
+        self.error = False  # a phase ended with an exception
+        self.seq = 0
+        self.top: set[str] | None = set() if mode == CYCLE else None
+        self.scalars: list[tuple[str, Any]] | None = None
+        self.closed = False
+        self.device = device
+
+
+def describe_exception(exc_type: type[BaseException], exc: BaseException | None) -> tuple[Any, ...]:
+    """A small, frame-free description: keeping the exception would keep its frames alive."""
+    message = str(exc)[:MAX_MESSAGE] if exc is not None else ""
+    stack = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__ if exc else None))
+    oom = None
+    if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+        try:
+            oom = (
+                int(torch.cuda.memory_allocated()),
+                int(torch.cuda.memory_reserved()),
+                int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory),
+            )
+        except Exception:  # telemetry must not mask the user's OOM
+            oom = None
+    return (exc_type.__qualname__, message, stack[-8192:], oom)

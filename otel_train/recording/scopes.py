@@ -1,0 +1,84 @@
+"""What adapters and users hand the recorder: step modes, boundaries, limits and scopes.
+
+These are the recorder's vocabulary, kept apart from its machinery so that an adapter
+reading them (a hook site building its :func:`boundary` once) needs none of the state
+machine's code, and so that the limits every module enforces are named in one place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+# How an open step is closed.
+EXPLICIT = 0  # by the end of ``with step()`` or the adapter's step method
+CYCLE = 1  # opened by a bare phase(): closed when a top-level phase name repeats
+ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer step)
+
+MAX_NAME = 128
+MAX_MESSAGE = 1024
+MAX_STACK = 8192
+MAX_SCALAR_NAMES = 256
+MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
+SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
+INT64_MAX = 2**63 - 1
+
+# A boundary's fields, by position: (close, open, begin, end, counted).
+B_CLOSE, B_OPEN, B_BEGIN, B_END, B_COUNTED = range(5)
+Boundary = tuple[str | None, str | None, int, int, bool]
+
+
+def boundary(
+    close: str | None, open_: str | None, begin: int = 0, end: int = 0, counted: bool = False
+) -> Boundary:
+    """An adapter hook's boundary for :meth:`Recorder.transition`, made once per hook site.
+
+    Exit ``close`` if it is the innermost open phase; end the step if ``end`` (a mode) may
+    end it; open a step of mode ``begin`` if none is open; enter ``open_`` if a step is
+    (then) open. ``counted``: the entry carries the batch's (samples, tokens). Hooks log
+    the same objects every step, so the worker recognises a repeating step by identity
+    (recording/blocks.py).
+    """
+    return (close, open_, begin, end, counted)
+
+
+# A loader's fetch ended: exit its ``data`` phase and count the batch.
+DATA_FETCHED = boundary("data", None, counted=True)
+
+
+class PhaseScope:
+    """``with recorder.phase(name):``; cached per name, re-entrant (state lives on a stack)."""
+
+    __slots__ = ("_name", "_rec")
+
+    def __init__(self, rec: Recorder, name: str) -> None:
+        self._rec = rec
+        self._name = name
+
+    def __enter__(self) -> PhaseScope:
+        self._rec.enter(self._name)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        self._rec.exit(et, ev, self._name)
+        return False
+
+
+class StepScope:
+    __slots__ = ("_rec", "_samples", "_tokens")
+
+    def __init__(self, rec: Recorder, samples: int | None, tokens: int | None) -> None:
+        self._rec = rec
+        self._samples = samples
+        self._tokens = tokens
+
+    def __enter__(self) -> StepScope:
+        self._rec.step_begin(self._samples, self._tokens)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        # A nested step opened nothing (the outer one stands): it does not end the outer one.
+        self._rec.step_end()
+        return False

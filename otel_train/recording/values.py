@@ -1,0 +1,59 @@
+"""What users hand the recorder, made safe to keep: names, counts and scalar values.
+
+Anything can arrive here (a tensor on any device, a huge int, an object whose ``str``
+is a megabyte). Each function returns something bounded and cheap to hold, or None, and
+never reads a value from the device synchronously: a recorder that stalled the training
+loop to clean its input would defeat its purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .device import EventPool
+from .scopes import INT64_MAX, MAX_NAME
+
+
+def clean_name(name: Any) -> str:
+    text = name if isinstance(name, str) else str(name)
+    text = text[:MAX_NAME]
+    return text or "unnamed"
+
+
+def clean_count(value: Any) -> int | None:
+    """A sample/token count, or None: never a device read, never beyond int64 (OTLP)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and (value.device.type != "cpu" or value.numel() != 1):
+        return None  # int() of a CUDA tensor would synchronise; meta tensors hold no value
+    try:
+        number = int(value)
+    except Exception:
+        return None
+    return number if 0 <= number <= INT64_MAX else None
+
+
+def raw_scalar(value: Any, events: EventPool) -> Any:
+    """A float, or ``(pinned CPU tensor, event)`` being filled from the device (no sync):
+    what resolved.scalar_value() turns into a float once the copy is done."""
+    if isinstance(value, bool):
+        return float(value)
+    if type(value) is float:
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.is_meta:
+            return None
+        t = value.detach()
+        if t.is_cuda:
+            host = torch.empty((), dtype=torch.float64, pin_memory=True)
+            host.copy_(t.reshape(()), non_blocking=True)
+            return (host, events.record())
+        if t.device.type != "cpu":
+            return None  # other devices (mps, xla, ...) would be read synchronously
+        value = t.item()
+    try:
+        return float(value)
+    except Exception:  # complex, huge ints, strings: not a scalar we can chart
+        return None
