@@ -15,12 +15,10 @@ from typing import Any
 from .machine import StepMachine
 from .records import (
     S_NAME,
-    S_PARENT,
     S_PEAK_ALLOCATED,
     S_PEAK_RESERVED,
     S_SEQ,
     S_STEP,
-    S_T0,
     OpenStep,
     describe_exception,
 )
@@ -152,15 +150,14 @@ class PhaseMachine(StepMachine):
                 if self._cuda:
                     self._exit_at(t, stack)
                 else:
-                    entry = stack.pop()
-                    owner = entry[S_STEP]
+                    _, seq, parent, t0, _, owner, _, _, _, _ = stack.pop()  # (see S_NAME)
                     if owner.closed:
                         self.dropped_phases += 1
                     else:
-                        t0 = entry[S_T0]
                         seconds = (t - t0) / 1e9 if t > t0 else 0.0
-                        owner.phases.append((entry[S_SEQ], entry[S_PARENT], close, t0, t, None,
-                                             None, None, None, seconds))  # fmt: skip
+                        owner.phases.append(
+                            (seq, parent, close, t0, t, None, None, None, None, seconds)
+                        )
             step = self._current
             if (
                 end

@@ -152,7 +152,8 @@ class Recorder(DeferredLog):
 
         Without CUDA the call only logs ``b`` with the time and this thread's phase stack
         (see the module docstring); with CUDA, events and memory figures must be taken at
-        the boundary itself, so it runs at once.
+        the boundary itself, so it runs at once. ``b`` is never ``counted``: a counted
+        boundary's entry carries the batch's counts (:meth:`data_fetched`).
         """
         if not self.enabled:
             self._disabled()
