@@ -49,11 +49,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch
 
-from ..recording.recorder import ADAPTER, Recorder
+from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
 from .base import (
     Instrumentation,
@@ -68,6 +69,17 @@ EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
 _PHASES = ("backward", "forward", "microstep", "optimizer", "data")
 _STEP_PHASES = ("backward", "forward", "microstep")
+
+# The hooks' boundaries, made once (the recorder recognises a repeating step by them):
+# each closes what a skipped hook left open of the adapter's own phases.
+_FETCH = boundary(_PHASES, "data", begin=ADAPTER, end=ADAPTER)  # a step cut short ends
+_FETCH_END = boundary("data", None)
+_MICROSTEP = boundary(_STEP_PHASES, "microstep")
+_MICROSTEP_END = boundary(_STEP_PHASES, None)  # (also the start without accumulation)
+_FORWARD = boundary("forward", "forward")  # outside a step: nothing
+_OPTIMIZER = boundary(_STEP_PHASES, "optimizer")
+_OPTIMIZER_END = boundary("optimizer", None)
+_STEP_END = boundary(_PHASES, None, end=ADAPTER)
 
 
 def require() -> Any:
@@ -117,14 +129,9 @@ class HFTrainerAdapter:
     # data -------------------------------------------------------------------------------
 
     def before_fetch(self) -> None:
-        rec = self.rec
-        close_phases(rec, _PHASES)
-        if rec.current_step is not None and rec.current_step.mode == ADAPTER:
-            rec.end_step(ADAPTER)  # a step cut short (training stopped mid-accumulation)
         args = getattr(self.trainer, "args", None)
         self.accumulating = int(getattr(args, "gradient_accumulation_steps", 1) or 1) > 1
-        rec.begin_step(ADAPTER)
-        rec.enter("data")
+        self.rec.transition(_FETCH)  # (a step cut short, training stopped mid-accumulation)
         self.in_step = True
 
     def after_fetch(self, result: Any, err: BaseException | None) -> None:
@@ -132,40 +139,41 @@ class HFTrainerAdapter:
         if err is not None:
             close_phases(rec, ("data",), err)
             return
-        rec.exit_if_top("data")
         batches = result[0] if isinstance(result, tuple) else result
         if not batches:
+            rec.transition(_FETCH_END)
             rec.discard_step_if_only("data")
             self.in_step = False
             return
-        for batch in batches:
+        samples: int | None = None
+        tokens: int | None = None
+        for batch in batches:  # (one per micro-batch of the optimizer step)
             try:
-                samples, tokens = self.counter(batch)
+                s, t = self.counter(batch)
             except Exception:
                 continue
-            rec.add_counts(samples, tokens)
+            samples = samples if s is None else (samples or 0) + s
+            tokens = tokens if t is None else (tokens or 0) + t
+        rec.data_fetched(perf_counter_ns(), samples, tokens)
 
     # micro-steps, forward ----------------------------------------------------------------
 
     def before_microstep(self) -> None:
-        close_phases(self.rec, _STEP_PHASES)
-        if self.accumulating:
-            self.rec.enter("microstep")
+        self.rec.transition(_MICROSTEP if self.accumulating else _MICROSTEP_END)
 
     def after_microstep(self, result: Any, err: BaseException | None) -> None:
-        close_phases(self.rec, _STEP_PHASES, err)
-        if err is None and isinstance(result, (torch.Tensor, float)):
+        if err is not None:
+            close_phases(self.rec, _STEP_PHASES, err)
+            return
+        self.rec.transition(_MICROSTEP_END)
+        if isinstance(result, (torch.Tensor, float)):
             # the loss training_step returned (read from the device without a sync)
             self.rec.record_scalars({"loss": result})
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not (self.active and self.in_step and module.training and torch.is_grad_enabled()):
             return
-        rec = self.rec
-        if rec.current_step is None:
-            return
-        rec.exit_if_top("forward")
-        rec.enter("forward")
+        self.rec.transition(_FORWARD)
 
     def hook_model(self, model: Any) -> None:
         if model is self.hooked or not isinstance(model, torch.nn.Module):
@@ -190,12 +198,11 @@ class HFTrainerAdapter:
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:
-            close_phases(self.rec, _STEP_PHASES)
-            self.rec.enter("optimizer")
+            self.rec.transition(_OPTIMIZER)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:
-            self.rec.exit_if_top("optimizer")
+            self.rec.transition(_OPTIMIZER_END)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:
@@ -215,8 +222,7 @@ class HFTrainerAdapter:
             self.finish()
 
     def finish(self) -> None:
-        close_phases(self.rec, _PHASES)
-        self.rec.end_step(ADAPTER)
+        self.rec.transition(_STEP_END)
         self.in_step = False
 
 

@@ -44,13 +44,27 @@ from typing import Any
 
 import torch
 
-from ..recording.recorder import ADAPTER, Recorder
+from ..recording.recorder import ADAPTER, Recorder, boundary
 from .base import Instrumentation, close_phases, guarded, mark_region
 from .batches import count_batch
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _PHASES = ("backward", "forward", "microstep", "optimizer", "data")
+_BEFORE_OPTIMIZER = ("backward", "forward", "microstep")
+
+# The hooks' boundaries, made once (the recorder recognises a repeating step by them):
+# each closes what a skipped hook left open of the adapter's own phases.
+_GAP = boundary(_PHASES, "data", begin=ADAPTER)  # in the open step, else a new one
+_GAP_AFTER_STEP = boundary(_PHASES, "data", begin=ADAPTER, end=ADAPTER)
+_CLOSE = boundary(_PHASES, None)
+_END = boundary(None, None, end=ADAPTER)
+_BATCH = boundary(_PHASES, "forward", begin=ADAPTER)
+_BATCH_MICROSTEP = boundary(_PHASES, "microstep", begin=ADAPTER)
+_MICROSTEP_FORWARD = boundary(None, "forward")
+_BACKWARD = boundary("forward", "backward")  # outside a step: nothing
+_BACKWARD_END = boundary(("backward", "microstep"), None)
+_OPTIMIZER = boundary(_BEFORE_OPTIMIZER, "optimizer")
 
 
 def package_of(trainer: Any) -> str:
@@ -101,18 +115,14 @@ class LightningAdapter:
 
     def open_gap(self) -> None:
         """A data gap starts: in the open step while accumulating, else in a new one."""
-        rec = self.rec
-        close_phases(rec, _PHASES)
-        if rec.current_step is None:
-            rec.begin_step(ADAPTER)
-        rec.enter("data")
+        self.rec.transition(_GAP)
 
     def drop_gap(self) -> None:
         """End of the loop (validation, epoch end): a step holding only data is dropped."""
         rec = self.rec
-        close_phases(rec, _PHASES)
+        rec.transition(_CLOSE)
         rec.discard_step_if_only("data")
-        rec.end_step(ADAPTER)
+        rec.transition(_END)
         self.stepped = False
 
     # callback hooks --------------------------------------------------------------------------
@@ -127,37 +137,34 @@ class LightningAdapter:
         if not self.active:
             return
         rec = self.rec
-        close_phases(rec, _PHASES)
-        if rec.current_step is None:
-            rec.begin_step(ADAPTER)
+        self.accumulating = int(getattr(trainer, "accumulate_grad_batches", 1) or 1) > 1
+        if self.accumulating:
+            rec.transition(_BATCH_MICROSTEP)
+            rec.transition(_MICROSTEP_FORWARD)
+        else:
+            rec.transition(_BATCH)
         try:
             samples, tokens = self.counter(batch)
         except Exception:
             samples = tokens = None
-        rec.add_counts(samples, tokens)
-        self.accumulating = int(getattr(trainer, "accumulate_grad_batches", 1) or 1) > 1
-        if self.accumulating:
-            rec.enter("microstep")
-        rec.enter("forward")
+        rec.log_counts(samples, tokens)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self.active and self.rec.current_step is not None:
-            self.rec.exit_if_top("forward")
-            self.rec.enter("backward")
+        if self.active:
+            self.rec.transition(_BACKWARD)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.active:
-            close_phases(self.rec, ("backward", "microstep"))
+            self.rec.transition(_BACKWARD_END)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.active and self.rec.current_step is not None:
-            close_phases(self.rec, ("backward", "forward", "microstep"))
+        if self.active:
             try:  # the learning rate this optimizer step uses (a host value)
                 lr = float(optimizer.param_groups[0]["lr"])
                 self.rec.record_scalars({"learning_rate": lr})
             except Exception:
                 pass
-            self.rec.enter("optimizer")
+            self.rec.transition(_OPTIMIZER)
             self.stepped = True
 
     def on_train_batch_end(
@@ -165,14 +172,12 @@ class LightningAdapter:
     ) -> None:
         if not self.active:
             return
-        close_phases(self.rec, _PHASES)
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):  # what training_step returned, read without a sync
             self.rec.record_scalars({"loss": loss.detach()})
-        if self.stepped:
-            self.stepped = False
-            self.rec.end_step(ADAPTER)
-        self.open_gap()
+        # The step ends with its optimizer step; the data gap to the next batch opens.
+        self.rec.transition(_GAP_AFTER_STEP if self.stepped else _GAP)
+        self.stepped = False
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.active:

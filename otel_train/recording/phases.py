@@ -133,11 +133,24 @@ class PhaseMachine(StepMachine):
         except Exception:
             self._fail()
 
+    def _exit_top(self, t: int, stack: list[list[Any]]) -> None:
+        """Exit the innermost open phase at ``t``: the general path with CUDA, else the
+        host-only close inline."""
+        if self._cuda:
+            self._exit_at(t, stack)
+            return
+        name, seq, parent, t0, _, owner, _, _, _, _ = stack.pop()  # (see S_NAME)
+        if owner.closed:
+            self.dropped_phases += 1
+        else:
+            seconds = (t - t0) / 1e9 if t > t0 else 0.0
+            owner.phases.append((seq, parent, name, t0, t, None, None, None, None, seconds))
+
     def _transition_at(
         self,
         stack: list[list[Any]],
         t: int,
-        close: str | None,
+        close: str | tuple[str, ...] | None,
         open_: str | None,
         begin: int,
         end: int,
@@ -146,18 +159,13 @@ class PhaseMachine(StepMachine):
         if not self.enabled:
             return
         try:
-            if close is not None and stack and stack[-1][S_NAME] == close:
-                if self._cuda:
-                    self._exit_at(t, stack)
+            if close is not None and stack:
+                if type(close) is str:  # (the common case, inline)
+                    if stack[-1][S_NAME] == close:
+                        self._exit_top(t, stack)
                 else:
-                    _, seq, parent, t0, _, owner, _, _, _, _ = stack.pop()  # (see S_NAME)
-                    if owner.closed:
-                        self.dropped_phases += 1
-                    else:
-                        seconds = (t - t0) / 1e9 if t > t0 else 0.0
-                        owner.phases.append(
-                            (seq, parent, close, t0, t, None, None, None, None, seconds)
-                        )
+                    while stack and stack[-1][S_NAME] in close:
+                        self._exit_top(t, stack)
             step = self._current
             if (
                 end

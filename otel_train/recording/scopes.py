@@ -27,15 +27,21 @@ INT64_MAX = 2**63 - 1
 
 # A boundary's fields, by position: (close, open, begin, end, counted).
 B_CLOSE, B_OPEN, B_BEGIN, B_END, B_COUNTED = range(5)
-Boundary = tuple[str | None, str | None, int, int, bool]
+Boundary = tuple[str | tuple[str, ...] | None, str | None, int, int, bool]
 
 
 def boundary(
-    close: str | None, open_: str | None, begin: int = 0, end: int = 0, counted: bool = False
+    close: str | tuple[str, ...] | None,
+    open_: str | None,
+    begin: int = 0,
+    end: int = 0,
+    counted: bool = False,
 ) -> Boundary:
     """An adapter hook's boundary for :meth:`Recorder.transition`, made once per hook site.
 
-    Exit ``close`` if it is the innermost open phase; end the step if ``end`` (a mode) may
+    Exit ``close`` if it is the innermost open phase (a tuple of names: exit innermost
+    phases while they are among them, the adapter's own, never a phase the user opened
+    around them); end the step if ``end`` (a mode) may
     end it; open a step of mode ``begin`` if none is open; enter ``open_`` if a step is
     (then) open. ``counted``: the entry carries the batch's (samples, tokens). Hooks log
     the same objects every step, so the worker recognises a repeating step by identity
