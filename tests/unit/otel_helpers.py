@@ -77,3 +77,25 @@ def value(tel: InMemoryTelemetry, metric: str, **attrs: Any) -> float | None:
         if dict(p.attributes) == attrs:
             return float(p.value)
     return None
+
+
+def fetch_ahead_loop(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: Any,
+    iterations: int,
+    top: Any = None,
+) -> None:
+    """nanoGPT's loop order: the first batch fetched before the loop, ``top(i)`` at the
+    top of each iteration (an evaluation, say), the next batch fetched at its end (the
+    last one is never trained on)."""
+    it = iter(loader)
+    x, y = next(it)
+    for i in range(iterations):
+        if top is not None:
+            top(i)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        x, y = next(it)

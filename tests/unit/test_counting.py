@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from otel_helpers import providers, tiny_loader, tiny_model
+from otel_helpers import fetch_ahead_loop, providers, tiny_loader, tiny_model
 
 import otel_train
 from otel_train import contract as c
@@ -99,13 +99,6 @@ def test_a_batch_fetched_but_never_trained_on_is_not_counted() -> None:
     otel_train.instrument(
         model, optimizer=opt, dataloader=loader, console="off", flops="off", **providers(tel)
     )
-    it = iter(loader)
-    x, y = next(it)
-    for _ in range(6):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        x, y = next(it)
+    fetch_ahead_loop(model, opt, loader, 6)
     otel_train.shutdown()
     assert _sums(tel) == {c.STEPS.name: 6, c.SAMPLES.name: 48}

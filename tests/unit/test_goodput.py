@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from otel_helpers import providers, tiny_loader, tiny_model
+from otel_helpers import fetch_ahead_loop, providers, tiny_loader, tiny_model
 
 import otel_train
 from otel_train.recording.goodput import Goodput
@@ -96,24 +96,20 @@ def test_evaluation_inside_an_open_step_is_not_train_time() -> None:
     )
     session = otel_train.session.current()
     assert session is not None
-    it = iter(loader)
-    x, y = next(it)
-    evaluated = 0.0
-    for i in range(6):
+    evaluated = []
+
+    def evaluate(i: int) -> None:
         if i % 2 == 0:
             t0 = time.perf_counter()
             with otel_train.region("evaluation"), torch.no_grad():
                 time.sleep(0.03)
-            evaluated += time.perf_counter() - t0
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        x, y = next(it)
+            evaluated.append(time.perf_counter() - t0)
+
+    fetch_ahead_loop(model, opt, loader, 6, top=evaluate)
     otel_train.shutdown()
     shares = session.efficiency.goodput_shares()
     assert shares is not None
     wall, share = shares
     assert sum(share.values()) == pytest.approx(1.0, abs=1e-9)
-    assert share["evaluation"] * wall == pytest.approx(evaluated, abs=0.005)
+    assert share["evaluation"] * wall == pytest.approx(sum(evaluated), abs=0.005)
     assert share["train"] < 1.0 - share["evaluation"]
