@@ -51,8 +51,8 @@ class Session:
         self.settings = settings
         self.given_providers = (tracer_provider, meter_provider)
         self.origin = "otel_train.configure()"  # what started it (get_or_create sets it)
-        self.recorder = Recorder(settings)
-        self.recorder.debug = debug = build_debug_hooks(settings)
+        debug = build_debug_hooks(settings)
+        self.recorder = Recorder(settings, debug=debug)
         self.regions = RegionLog()
         self.efficiency = EfficiencyTracker(
             settings, self.recorder, self.regions, settings.throughput_window

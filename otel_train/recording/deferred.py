@@ -42,8 +42,10 @@ class DeferredLog(PhaseMachine):
     """The phase machine behind a log: entries are applied in order, by whoever needs
     the state first, and recognised steps leave it as blocks."""
 
-    def __init__(self, settings: Settings, replica: bool = False) -> None:
-        super().__init__(settings, replica)
+    def __init__(
+        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+    ) -> None:
+        super().__init__(settings, replica, debug)
         # Deferred boundaries, counts and scalars; their shapes are listed in _replay.
         self._log: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.RLock()  # the state machine runs on one thread at a time

@@ -34,8 +34,11 @@ _log = logging.getLogger("otel_train")
 class StepMachine:
     """The recorder's state and its step transitions (phases: phases.py)."""
 
-    def __init__(self, settings: Settings, replica: bool = False) -> None:
-        """``replica``: the sidecar's copy, which only replays logs shipped to it."""
+    def __init__(
+        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+    ) -> None:
+        """``replica``: the sidecar's copy, which only replays logs shipped to it;
+        ``debug``: the profiler window / memory snapshot hooks, when one is on."""
         self.settings = settings
         self.enabled = True
         self._pending: collections.deque[OpenStep] = collections.deque()
@@ -49,7 +52,7 @@ class StepMachine:
         self._want_cuda = (
             not replica and settings.device_timing != "off" and torch.cuda.is_available()
         )
-        self._debug: DebugHooks | None = None  # profiler window / memory snapshot, usually off
+        self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (recording/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
         self._tls = threading.local()

@@ -31,7 +31,7 @@ Usage::
 from __future__ import annotations
 
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
 from .deferred import DeferredLog
@@ -66,6 +66,9 @@ from .scopes import (
     boundary,
 )
 from .values import clean_count, clean_name, raw_scalar
+
+if TYPE_CHECKING:
+    from .debug_hooks import DebugHooks
 
 __all__ = [
     "ADAPTER",
@@ -103,9 +106,12 @@ class Recorder(DeferredLog):
     half of ``_record`` inline for the same reason (one call more: ~15%).
     """
 
-    def __init__(self, settings: Settings, replica: bool = False) -> None:
-        """``replica``: the sidecar's copy, which only replays logs shipped to it."""
-        super().__init__(settings, replica)
+    def __init__(
+        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+    ) -> None:
+        """``replica``: the sidecar's copy, which only replays logs shipped to it;
+        ``debug``: the debugging components' step hooks (no deferral while one is on)."""
+        super().__init__(settings, replica, debug)
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
