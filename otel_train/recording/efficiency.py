@@ -192,7 +192,7 @@ class EfficiencyTracker:
         self.flop_seconds_total = sum(rate_seconds, self.flop_seconds_total)
         self.step_total = sum(host, self.step_total)
         self.data_total = sum(data, self.data_total)
-        self.goodput.add_steps(block.starts, block.ends, data)
+        self.goodput.add_steps(block.starts, block.ends, host, data)
         peak = self.peak.flops_per_s if self.peak is not None else None
         block.efficiency = EfficiencyColumns(flops, source, counted, rate_flops, rate_seconds, peak)
 
@@ -206,7 +206,17 @@ class EfficiencyTracker:
             return flops, ["estimate" if f is not None else "" for f in flops], [False] * k
         if self.probe is None:
             return [None] * k, [""] * k, [False] * k
-        counts = enumerate(zip(block.samples, block.tokens, strict=True), block.first)
+        samples, tokens, first = block.samples, block.tokens, block.first
+        if samples.count(samples[0]) == k and tokens.count(tokens[0]) == k:
+            # One batch shape (the usual block): one lookup, the counted step by index.
+            flops, source, _ = self._flops_of(samples[0], tokens[0], first)
+            done = self._counted_steps
+            if source == "counted" and any(first <= i < first + k for i in done):
+                counted = [i in done for i in range(first, first + k)]
+            else:
+                counted = [False] * k
+            return [flops] * k, [source] * k, counted
+        counts = enumerate(zip(samples, tokens, strict=True), first)
         out = [self._flops_of(s, t, i) for i, (s, t) in counts]
         return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
 

@@ -31,16 +31,18 @@ class Goodput:
         self._covered: list[list[int]] = []  # merged region intervals, sorted, disjoint
         self._steps: collections.deque[tuple[int, int]] = collections.deque(maxlen=MAX_STEPS)
 
-    def add_steps(self, starts: list[int], ends: list[int], data: list[float]) -> None:
-        """Finished steps in order: host extents (ns) and seconds in data phases."""
+    def add_steps(
+        self, starts: list[int], ends: list[int], spans: list[float], data: list[float]
+    ) -> None:
+        """Finished steps in order: host extents (ns), their seconds, and seconds in
+        data phases (which lie inside their steps)."""
         self._extend(starts[0], ends[-1])
         covered = self._covered
         seconds = self.seconds
         if not covered or covered[-1][1] <= starts[0]:  # no region reaches them (usual)
-            span = [(e - s) / 1e9 if e > s else 0.0 for s, e in zip(starts, ends, strict=True)]
-            data_in = [min(d, t) for d, t in zip(data, span, strict=True)]
-            seconds["data"] = sum(data_in, seconds["data"])
-            seconds["train"] = sum(span, seconds["train"]) - sum(data_in)
+            in_data = sum(data)
+            seconds["data"] += in_data
+            seconds["train"] += max(0.0, sum(spans) - in_data)
         else:
             for s, e, d in zip(starts, ends, data, strict=True):
                 rest = max(0, e - s - self._covered_in(s, e)) / 1e9

@@ -112,11 +112,16 @@ class StepSampler:
         first, durations = block.first, block.durations
         eff = block.efficiency
         counted = eff.counted if eff is not None and any(eff.counted) else None
-        candidates = [
-            (durations[x], first + x)
-            for x in range(i, j + 1)
-            if x not in special and (counted is None or not counted[x])
-        ]
+        if not special and counted is None:  # (the usual window: C-level pairs)
+            candidates: Any = zip(
+                durations[i : j + 1], range(first + i, first + j + 1), strict=True
+            )
+        else:
+            candidates = [
+                (durations[x], first + x)
+                for x in range(i, j + 1)
+                if x not in special and (counted is None or not counted[x])
+            ]
         heap, slowest = self._heap, self._slowest
         for d, index in heapq.nlargest(slowest, candidates):
             if len(heap) < slowest:

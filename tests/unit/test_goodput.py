@@ -68,7 +68,9 @@ def test_shares_sum_to_the_wall_time_and_each_instant_counts_once(tl: dict[str, 
         block = [s for s in pending_steps if s[1] <= cut]
         if block:
             pending_steps = pending_steps[len(block) :]
-            g.add_steps([s[0] for s in block], [s[1] for s in block], [s[2] / 1e9 for s in block])
+            starts, ends = [s[0] for s in block], [s[1] for s in block]
+            spans = [(e - a) / 1e9 for a, e in zip(starts, ends, strict=True)]
+            g.add_steps(starts, ends, spans, [s[2] / 1e9 for s in block])
     totals = g.totals()
     marks = [s[0] for s in steps] + [r[1] for r in regions]
     ends = [s[1] for s in steps] + [r[2] for r in regions]
