@@ -119,7 +119,7 @@ def instrument(
         raise
     sess.instrumentations[id(target)] = inst
     sess.note_model(target)
-    sess.instrumented()
+    sess.instrumented(target)
     return inst
 
 

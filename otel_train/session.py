@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from .export.resource import metrics_port, rank
@@ -94,6 +95,7 @@ class Session:
             self.worker = consumer.worker
             self._prometheus_address = self.telemetry.prometheus_address
         self.instrumentations: dict[int, Instrumentation] = {}
+        self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
         if self.worker is not None:
             self.worker.start()
@@ -126,9 +128,18 @@ class Session:
             return exports_traces(self.settings)
         return self.telemetry is not None and self.telemetry.tracer_provider is not None
 
-    def instrumented(self) -> None:
-        """An instrumentation attached: the first step it records becomes a trace."""
+    def instrumented(self, target: Any) -> None:
+        """An instrumentation of a target not instrumented before in this session
+        attached: the first step it records becomes a trace. (Instrumenting the same
+        loop again resumes it: no new trace.)"""
         try:
+            seen = self._instrumented_targets
+            try:
+                if target in seen:
+                    return
+                seen.add(target)
+            except TypeError:  # (no weak reference to it: traced each time)
+                pass
             rec = self.recorder
             rec.settle()  # (steps logged before it get their indices first)
             index = rec._next_index

@@ -209,13 +209,13 @@ class EfficiencyTracker:
         samples, tokens, first = block.samples, block.tokens, block.first
         if samples.count(samples[0]) == k and tokens.count(tokens[0]) == k:
             # One batch shape (the usual block): one lookup, the counted step by index.
-            flops, source, _ = self._flops_of(samples[0], tokens[0], first)
+            value, source, _ = self._flops_of(samples[0], tokens[0], first)
             done = self._counted_steps
             if source == "counted" and any(first <= i < first + k for i in done):
                 counted = [i in done for i in range(first, first + k)]
             else:
                 counted = [False] * k
-            return [flops] * k, [source] * k, counted
+            return [value] * k, [source] * k, counted
         counts = enumerate(zip(samples, tokens, strict=True), first)
         out = [self._flops_of(s, t, i) for i, (s, t) in counts]
         return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]

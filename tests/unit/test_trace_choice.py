@@ -60,6 +60,9 @@ def test_each_instrumentations_first_step_is_traced() -> None:
     train_epoch(model, opt, loader)
     model2, opt2 = tiny_model()
     loader2 = tiny_loader(n=40, batch_size=8)
+    inst2 = otel_train.instrument(model2, optimizer=opt2, dataloader=loader2, **kw)
+    train_epoch(model2, opt2, loader2)
+    inst2.uninstrument()  # the same loop instrumented again resumes it: no new first step
     otel_train.instrument(model2, optimizer=opt2, dataloader=loader2, **kw)
     train_epoch(model2, opt2, loader2)
     assert otel_train.flush(10.0)
@@ -67,6 +70,7 @@ def test_each_instrumentations_first_step_is_traced() -> None:
     otel_train.shutdown()
     assert traced.get(0) == "first"
     assert traced.get(5) == "first", traced  # the second loop's first step (5 per epoch)
+    assert 10 not in traced, traced
 
 
 def test_the_first_step_of_a_new_step_shape_is_traced() -> None:
