@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
+from ..recording.values import add_count
 from .backward import hold_backward
 from .base import (
     Instrumentation,
@@ -152,8 +153,7 @@ class HFTrainerAdapter:
                 s, t = self.counter(batch)
             except Exception:
                 continue
-            samples = samples if s is None else (samples or 0) + s
-            tokens = tokens if t is None else (tokens or 0) + t
+            samples, tokens = add_count(samples, s), add_count(tokens, t)
         rec.data_fetched(perf_counter_ns(), samples, tokens)
 
     # micro-steps, forward ----------------------------------------------------------------

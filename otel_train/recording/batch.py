@@ -24,6 +24,7 @@ from typing import Any
 
 from .records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
 from .resolved import ResolvedStep, scalar_value
+from .values import add_count
 
 MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
 _TIME = itemgetter(1)
@@ -113,11 +114,18 @@ class StepBlock:
                  "samples", "scalars", "seconds", "shape", "starts", "template",
                  "tokens")  # fmt: skip
 
-    def __init__(self, template: Any, entries: list[tuple[Any, ...]], first: int) -> None:
+    def __init__(
+        self,
+        template: Any,
+        entries: list[tuple[Any, ...]],
+        first: int,
+        shape: Shape | None = None,
+    ) -> None:
         """A run of recognised steps: ``template`` (blocks.Template) and its k * m log
-        entries; the columns come later, off the recorder's lock (:meth:`columns`)."""
+        entries; the columns come later, off the recorder's lock (:meth:`columns`).
+        (:meth:`of_steps` passes no template and the steps' ``shape``.)"""
         self.template = template
-        self.shape: Shape = template.shape if template is not None else Shape(())
+        self.shape: Shape = template.shape if shape is None else shape
         self._entries = entries
         self.first = first
         self.k = len(entries) // template.m if template is not None else 0
@@ -133,8 +141,8 @@ class StepBlock:
     @classmethod
     def of_steps(cls, steps: list[ResolvedStep], shape: Shape) -> StepBlock:
         """Consecutive resolved steps that all have ``shape``."""
-        block = cls(None, [], steps[0].index)
-        block.shape, block.k, block._steps = shape, len(steps), steps
+        block = cls(None, [], steps[0].index, shape)
+        block.k, block._steps = len(steps), steps
         block.starts = [s.host_start for s in steps]
         block.ends = [s.host_end for s in steps]
         block.seconds = [s.host_seconds for s in steps]
@@ -219,8 +227,8 @@ class StepBlock:
         tokens = list(map(_TOKENS, self._entries[c::m]))
         for c in tpl.counts[1:]:  # several fetches per step (gradient accumulation)
             more = self._entries[c::m]
-            samples = [_add(a, e[3]) for a, e in zip(samples, more, strict=True)]
-            tokens = [_add(a, e[4]) for a, e in zip(tokens, more, strict=True)]
+            samples = [add_count(a, e[3]) for a, e in zip(samples, more, strict=True)]
+            tokens = [add_count(a, e[4]) for a, e in zip(tokens, more, strict=True)]
         return samples, tokens
 
     # -- reading -------------------------------------------------------------------------
@@ -306,8 +314,3 @@ def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:
             shapes.clear()
         shape = shapes[key] = Shape([k[:3] for k in key], [k[3] for k in key])
     return shape
-
-
-def _add(total: int | None, more: int | None) -> int | None:
-    """The recorder's count arithmetic: None until a count arrives."""
-    return total if more is None else (total or 0) + more

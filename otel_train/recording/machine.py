@@ -24,6 +24,7 @@ from .memory import CudaMemoryTracker
 from .records import P_EV0, P_EV1, P_NAME, OpenStep, PhaseStack
 from .resolved import HOST_PHASES
 from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_STACK
+from .values import add_count
 
 if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
@@ -230,10 +231,8 @@ class StepMachine:
 
     @staticmethod
     def _add_counts(step: OpenStep, samples: int | None, tokens: int | None) -> None:
-        if samples is not None:
-            step.samples = (step.samples or 0) + samples
-        if tokens is not None:
-            step.tokens = (step.tokens or 0) + tokens
+        step.samples = add_count(step.samples, samples)
+        step.tokens = add_count(step.tokens, tokens)
 
     def _adapter_counts(self, samples: int | None, tokens: int | None) -> None:
         """A batch's counts go to an adapter's step only: an explicit step carries the

@@ -66,6 +66,7 @@ class StepSampler:
         if self.mode == "all":
             return [_because(block.step(i), "all") for i in range(block.k)]
         special = self._special(block)
+        in_order = sorted(special)
         out: list[ResolvedStep] = []
         k, starts, ends = block.k, block.starts, block.ends
         i = 0
@@ -78,7 +79,7 @@ class StepSampler:
                 bisect_left(ends, self._window_start + self._window_ns, i, k),
             )
             j = min(closes, k - 1)
-            out.extend(_because(block.step(x), special[x]) for x in sorted(special) if i <= x <= j)
+            out.extend(_because(block.step(x), special[x]) for x in in_order if i <= x <= j)
             if self._slowest:
                 self._keep_slowest(block, i, j, special)
             self._count += j - i + 1

@@ -57,3 +57,8 @@ def raw_scalar(value: Any, events: EventPool) -> Any:
         return float(value)
     except Exception:  # complex, huge ints, strings: not a scalar we can chart
         return None
+
+
+def add_count(total: int | None, more: int | None) -> int | None:
+    """The recorder's count arithmetic: None until a count arrives, then the sum."""
+    return total if more is None else (total or 0) + more

@@ -85,8 +85,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._cpu_ns = 0
         self._cpu_steps = 0
-        self._device_total_set = False
-        self._device_total = 0
+        self._device_total = 0  # bytes, once the recorder knows the device's memory
         self.steps_processed = 0
         self.failed = False
         # Counters start at zero so their series exist (and rate() works) before any drop.
@@ -243,8 +242,7 @@ class Worker:
         if self.emitter is not None:
             agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
         total = counters.memory_total or 0
-        if total and not self._device_total_set:
-            self._device_total_set = True
+        if total and not self._device_total:
             self._device_total = total
             agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
             self.console.device_total = total
