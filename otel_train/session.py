@@ -206,6 +206,7 @@ class Session:
             inst.uninstrument()
         if rec.current_step is not None and rec.enabled:
             rec.end_step(rec.current_step.mode)
+        rec.end_background()
         if self.efficiency.probe is not None:
             self.efficiency.probe.abort()  # a count still running (a step never ended)
         if rec.debug is not None:

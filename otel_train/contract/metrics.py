@@ -27,8 +27,9 @@ METRIC_ATTRIBUTES = {
     A_CLOCK: "device when measured with CUDA events, host otherwise.",
     A_KIND: "allocated or reserved (CUDA caching allocator).",
     A_NAME: "User scalar name as given to otel_train.record().",
-    A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase that "
-    "ended after its step had ended, or ran on another thread while no step was open), "
+    A_REASON: "Why telemetry was dropped: queue_full (pending steps), late_phase (a phase of the "
+    "training thread that ended after its step had ended, or a background thread's phase "
+    "that no step had taken by shutdown), "
     "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
     "training process could not hand to its sidecar process: pipe and buffer full, or the "
     "sidecar gone), export (spans whose "

@@ -26,12 +26,13 @@ from .records import (
     EXIT,
     L_KIND,
     L_STACK,
+    S_STEP,
     SCALARS,
     STEP_BEGIN,
     STEP_END,
     OpenStep,
 )
-from .scopes import CYCLE, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
 
 if TYPE_CHECKING:
@@ -225,7 +226,9 @@ class DeferredLog(PhaseMachine):
             close, open_, begin, end, counted = kind
             self._transition_at(item[0], item[1], close, open_, begin, end)
             if counted and (item[3] is not None or item[4] is not None):
-                self._adapter_counts(item[3], item[4])
+                stack = item[0]
+                if stack is self.step_stack or not stack or stack[-1][S_STEP].mode != BACKGROUND:
+                    self._adapter_counts(item[3], item[4])  # (a background phase's: no step's)
         elif kind == ENTER:  # (stack, t, ENTER, name)
             self._enter_at(item[3], item[1], item[0])
         elif kind == EXIT:  # (stack, t, EXIT, name, error)
@@ -269,7 +272,12 @@ class DeferredLog(PhaseMachine):
                     item = entries[i]
                     if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
                         stack = item[L_STACK]
-                        if self._current is None and not stack and self.enabled:
+                        if (
+                            self._current is None
+                            and not stack
+                            and self.enabled
+                            and not self._orphans  # (they join the next step replayed)
+                        ):
                             if not kinds:
                                 kinds = list(map(KIND, entries))
                                 stacks = list(map(STACK, entries))

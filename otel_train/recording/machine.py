@@ -21,9 +21,9 @@ import torch
 from ..settings import ConfigError, Settings
 from .device import EventPool
 from .memory import CudaMemoryTracker
-from .records import P_EV0, P_EV1, P_NAME, OpenStep, PhaseStack
+from .records import P_EV0, P_EV1, P_NAME, P_PARENT, P_SEQ, OpenStep, new_stack
 from .resolved import HOST_PHASES
-from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_STACK
+from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_ORPHANS, MAX_STACK
 from .values import add_count
 
 if TYPE_CHECKING:
@@ -63,6 +63,11 @@ class StepMachine:
         self.compiled_seen = False  # an adapter saw its model run under torch.compile
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
+        # Background phase trees (phases.py) that ended with no step open: they join the
+        # next step to end. And how many trees are open on background threads now.
+        self._orphans: collections.deque[OpenStep] = collections.deque()
+        self.background_open = 0
+        self._background_warned = False
         self._failed_once = False
         self.loose_scalars: collections.deque[tuple[str, Any]] = collections.deque(maxlen=4096)
         # Past this many finished steps, _due asks the call that closed the last one to
@@ -80,7 +85,7 @@ class StepMachine:
         try:
             return tls.stack  # type: ignore[no-any-return]
         except AttributeError:
-            tls.stack = PhaseStack()
+            tls.stack = new_stack()
             return tls.stack  # type: ignore[no-any-return]
 
     # -- failure ---------------------------------------------------------------------
@@ -179,6 +184,9 @@ class StepMachine:
         step.ev1 = self.events.record() if step.ev0 is not None else None
         step.closed = True
         self._current = None
+        orphans = self._orphans
+        while orphans:
+            self._home(orphans.popleft(), step)
         if self._debug is not None:
             self._debug.step_ended(step.index)
         pending = self._pending
@@ -192,6 +200,63 @@ class StepMachine:
         pending.append(step)
         if len(pending) >= self._steps_limit:
             self._due = True  # handed on when the call that closed it returns
+
+    # -- background phases (another thread's, see PhaseMachine._enter_at) ---------------
+
+    def _tree_done(self, holder: OpenStep) -> None:
+        """A background thread's outermost phase ended: its tree joins the open step, or
+        else waits (bounded) for the next step to end."""
+        self.background_open -= 1
+        step = self._current
+        if step is not None:
+            self._home(holder, step)
+            return
+        orphans = self._orphans
+        if len(orphans) >= MAX_ORPHANS:
+            self._drop_tree(orphans.popleft())
+        orphans.append(holder)
+
+    @staticmethod
+    def _home(holder: OpenStep, step: OpenStep) -> None:
+        """Move a background tree's rows into ``step``, numbered after its own."""
+        base = step.seq
+        step.seq = base + holder.seq
+        rows = step.phases
+        for row in holder.phases:
+            parent = row[P_PARENT]
+            rows.append((row[P_SEQ] + base, parent + base if parent >= 0 else -1, *row[2:]))
+        if holder.error:
+            step.error = True
+
+    def _drop_tree(self, holder: OpenStep) -> None:
+        self.dropped_phases += len(holder.phases)
+        self._release_step(holder)
+
+    def _end_background(self) -> int:
+        """The end of recording: background trees no step took are dropped (counted as
+        late phases); if no step ever opened, say once why they formed none. Returns
+        how many phases were dropped."""
+        dropped = 0
+        while self._orphans:
+            holder = self._orphans.popleft()
+            dropped += len(holder.phases)
+            self._drop_tree(holder)
+        if dropped and self._next_index == 0 and not self._background_warned:
+            self._background_warned = True
+            _log.warning(
+                "otel-train: %d phases ran on a thread other than the main thread while "
+                "no step was open, and no step ever opened: such phases join steps, they "
+                "never start one. Open steps with otel_train.step() (or an instrumented "
+                "trainer) on the training thread.",
+                dropped,
+            )
+        return dropped
+
+    def reset_background(self) -> None:
+        """Forget background trees (the sidecar's replica, when the training process
+        takes its state back: it replays them itself)."""
+        self._orphans.clear()
+        self.background_open = 0
 
     def _release_step(self, step: OpenStep) -> None:
         ev = self.events

@@ -19,22 +19,43 @@ from .records import (
     S_PEAK_RESERVED,
     S_SEQ,
     S_STEP,
+    MainPhaseStack,
     OpenStep,
     describe_exception,
 )
 from .resolved import HOST_PHASES
-from .scopes import ADAPTER, CYCLE, MAX_STACK
+from .scopes import ADAPTER, BACKGROUND, CYCLE, MAX_STACK
 
 
 class PhaseMachine(StepMachine):
-    """The step machine with phases: what a boundary does to a thread's stack and step."""
+    """The step machine with phases: what a boundary does to a thread's stack and step.
+
+    The training thread is the one whose stack opened the last explicit or adapter step
+    (``step_stack``); before any has, the main thread. Another thread's phases are
+    *background* phases: they never open, end or cycle a step. Each outermost one
+    collects the phases nested in it in a holder (an OpenStep of mode BACKGROUND) and,
+    when it ends, joins the step open then, or else the next step to end (machine.py).
+    """
+
+    def _background(self, stack: list[list[Any]]) -> bool:
+        """Whether ``stack`` is a background thread's (see the class docstring)."""
+        owner = self.step_stack
+        if owner is None:
+            return stack.__class__ is not MainPhaseStack
+        return stack is not owner
 
     def _enter_at(self, name: str, t: int, stack: list[list[Any]]) -> None:
         if not self.enabled:
             return
         try:
             step = self._current
-            if step is None or (step.top is not None and not stack):
+            if stack is not self.step_stack and self._background(stack):
+                if stack:
+                    step = stack[-1][S_STEP]
+                else:
+                    step = OpenStep(-1, t, BACKGROUND, None, None)
+                    self.background_open += 1
+            elif step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t, stack)
                 if step is None:
                     return
@@ -66,10 +87,6 @@ class PhaseMachine(StepMachine):
     ) -> OpenStep | None:
         """A top-level phase: open a cycle step if none, or start the next cycle."""
         if step is None:
-            if self.step_stack is not None and self.step_stack is not stack:
-                # Between another thread's steps: belongs to no step, and opens none.
-                self.dropped_phases += 1
-                return None
             step = self._begin_at(CYCLE, t, stack=stack)
         elif step.top is not None and name in step.top:
             self._close(step, t)  # the name repeats: a new cycle begins here
@@ -130,6 +147,8 @@ class PhaseMachine(StepMachine):
             # Host seconds; a phase with events gets its device seconds on the worker.
             seconds = (t - t0) / 1e9 if t > t0 else 0.0
             step.phases.append((seq, parent, entry[S_NAME], t0, t, ev0, ev, memory, error, seconds))
+            if step.mode == BACKGROUND and (not stack or stack[-1][S_STEP] is not step):
+                self._tree_done(step)
         except Exception:
             self._fail()
 
@@ -145,6 +164,8 @@ class PhaseMachine(StepMachine):
         else:
             seconds = (t - t0) / 1e9 if t > t0 else 0.0
             owner.phases.append((seq, parent, name, t0, t, None, None, None, None, seconds))
+            if owner.mode == BACKGROUND and (not stack or stack[-1][S_STEP] is not owner):
+                self._tree_done(owner)
 
     def _transition_at(
         self,
@@ -159,6 +180,11 @@ class PhaseMachine(StepMachine):
         if not self.enabled:
             return
         try:
+            if stack is not self.step_stack and stack and stack[-1][S_STEP].mode == BACKGROUND:
+                # A hook inside a background phase (a rollout calling the instrumented
+                # model): a phase of that background tree, never a step's boundary.
+                self._background_transition(stack, t, close, open_)
+                return
             if close is not None and stack:
                 if type(close) is str:  # (the common case, inline)
                     if stack[-1][S_NAME] == close:
@@ -191,6 +217,22 @@ class PhaseMachine(StepMachine):
             stack.append([open_, seq, parent, t, None, step, 0, 0, 0, 0])
         except Exception:
             self._fail()
+
+    def _background_transition(
+        self,
+        stack: list[list[Any]],
+        t: int,
+        close: str | tuple[str, ...] | None,
+        open_: str | None,
+    ) -> None:
+        if close is not None and stack:
+            names = (close,) if type(close) is str else close
+            while stack and stack[-1][S_NAME] in names:
+                self._exit_at(t, stack)
+                if type(close) is str:
+                    break
+        if open_ is not None:
+            self._enter_at(open_, t, stack)
 
 
 def _fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:

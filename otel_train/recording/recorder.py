@@ -47,6 +47,7 @@ from .records import (
     OpenStep,
     PhaseStack,
     describe_exception,
+    new_stack,
     replica_stacks,
     stack_of,
 )
@@ -170,7 +171,7 @@ class Recorder(DeferredLog):
                 try:
                     stack = tls.stack
                 except AttributeError:
-                    stack = tls.stack = PhaseStack()
+                    stack = tls.stack = new_stack()
                 log = self._log
                 log.append((stack, perf_counter_ns(), b))
                 if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here
@@ -293,6 +294,16 @@ class Recorder(DeferredLog):
         self._record((None, 0, DISCARD, name), self._defer and self.enabled)
 
     # -- user scalars ------------------------------------------------------------------
+
+    def end_background(self) -> int:
+        """At shutdown: drop background phases no step took (machine._end_background)."""
+        try:
+            self.settle()
+            with self._lock:
+                return self._end_background()
+        except Exception:
+            self._fail()
+            return 0
 
     def record_scalars(self, values: dict[str, Any]) -> None:
         """Keep ``values`` for the step open now (else as loose scalars): bounded names,

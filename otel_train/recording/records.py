@@ -10,6 +10,7 @@ looked up here rather than inferred from a bare number.
 
 from __future__ import annotations
 
+import threading
 import traceback
 from typing import Any
 
@@ -47,17 +48,34 @@ class PhaseStack(list):  # type: ignore[type-arg]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped to the sidecar as a token: its replica keeps one stack per token.
-        return (stack_of, (id(self),))
+        return (stack_of, (id(self), False))
+
+
+class MainPhaseStack(PhaseStack):
+    """The main thread's stack: before any step has opened, only its bare phases open
+    steps (another thread's are background phases, see PhaseMachine._enter_at)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (stack_of, (id(self), True))
+
+
+def new_stack() -> PhaseStack:
+    """A phase stack for the calling thread."""
+    if threading.current_thread() is threading.main_thread():
+        return MainPhaseStack()
+    return PhaseStack()
 
 
 _REPLICA_STACKS: dict[int, PhaseStack] = {}
 
 
-def stack_of(token: int) -> PhaseStack:
+def stack_of(token: int, main: bool = False) -> PhaseStack:
     """The sidecar replica's stack for a training-process stack's token."""
     stack = _REPLICA_STACKS.get(token)
     if stack is None:
-        stack = _REPLICA_STACKS[token] = PhaseStack()
+        stack = _REPLICA_STACKS[token] = MainPhaseStack() if main else PhaseStack()
     return stack
 
 

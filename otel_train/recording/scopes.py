@@ -16,11 +16,14 @@ if TYPE_CHECKING:
 EXPLICIT = 0  # by the end of ``with step()`` or the adapter's step method
 CYCLE = 1  # opened by a bare phase(): closed when a top-level phase name repeats
 ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer step)
+# Not a step: what holds a background thread's phases until they join one (phases.py).
+BACKGROUND = 3
 
 MAX_NAME = 128
 MAX_MESSAGE = 1024
 MAX_STACK = 8192
 MAX_SCALAR_NAMES = 256
+MAX_ORPHANS = 64  # background phase trees waiting for a step to end
 MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
 SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
 INT64_MAX = 2**63 - 1

@@ -101,6 +101,7 @@ class RemoteSource:
             rep = self.replica
             rep._current = None
             rep._scoped.clear()
+            rep.reset_background()
             for stack in replica_stacks().values():
                 stack.clear()
             self.session = None
@@ -128,8 +129,8 @@ class RemoteSource:
 
     def _report_idle(self) -> None:
         rep = self.replica
-        if rep._current is not None or rep._scoped:
-            return
+        if rep._current is not None or rep._scoped or rep.background_open or rep._orphans:
+            return  # (the training process could not take its state back from here)
         stack = rep.step_stack
         if stack:
             return

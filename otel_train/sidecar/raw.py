@@ -58,6 +58,8 @@ class RawHandover:
             or rec._current is not None
             or rec._pending
             or rec._scoped
+            or rec.background_open
+            or rec._orphans
             or stack
             or not rec.enabled
         ):
