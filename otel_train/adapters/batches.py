@@ -1,8 +1,12 @@
 """How many samples and tokens a batch holds, read from shapes only.
 
-Every adapter counts batches with :func:`count_batch` unless ``instrument(...,
-count_batch=fn)`` gives its own rule. Shapes only: a batch's contents may sit on a
-device, and reading them there would synchronise with it.
+Every adapter counts batches with :func:`batch_counts` unless ``instrument(...,
+count_batch=fn)`` gives its own rule (:func:`user_counter`). Shapes only: a batch's
+contents may sit on a device, and reading them there would synchronise with it.
+
+Besides samples and tokens, a batch has *padded tokens*: the positions the model computes
+on, padding included (``input_ids``' size where an attention mask says fewer are real).
+Throughput counts tokens; FLOPs follow the padded shape.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import torch
 _BOOL = torch.bool
 
 
+Counts = tuple[int | None, int | None, int | None]  # (samples, tokens, padded tokens)
+
+
 def count_batch(batch: Any) -> tuple[int | None, int | None]:
     """Samples and tokens of a batch, from shapes only (never from contents on a device).
 
@@ -22,25 +29,49 @@ def count_batch(batch: Any) -> tuple[int | None, int | None]:
     ``input_ids``; otherwise the element count of the first tensor when it holds token
     ids (an integer tensor of two or more dimensions, such as nanoGPT's ``(x, y)``).
     """
+    samples, tokens, _ = batch_counts(batch)
+    return samples, tokens
+
+
+def batch_counts(batch: Any) -> Counts:
+    """:func:`count_batch`'s samples and tokens, and the padded tokens: ``input_ids``'
+    element count in a mapping with an attention mask, else the tokens."""
     # Fast paths for the usual shapes: (x, y, ...) of tensors and {"input_ids": ...}.
     kind = type(batch)
     if kind is tuple or kind is list:
         if batch and isinstance(batch[0], torch.Tensor):
-            return tensor_counts(batch[0])
+            return _with_padded(tensor_counts(batch[0]))
     elif kind is dict:
         ids = batch.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim():
+            size = int(ids.numel())
             mask = batch.get("attention_mask")
             if isinstance(mask, torch.Tensor) and not mask.is_cuda:
-                return int(ids.shape[0]), int(mask.sum())
-            return int(ids.shape[0]), int(ids.numel())
+                return int(ids.shape[0]), int(mask.sum()), size
+            return int(ids.shape[0]), size, size
     elif isinstance(batch, torch.Tensor):
-        return tensor_counts(batch)
+        return _with_padded(tensor_counts(batch))
     t = _first_tensor(batch)
     if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
         samples = int(t.shape[0]) if t is not None and t.dim() > 0 else None
-        return samples, _mapping_tokens(batch)
-    return tensor_counts(t) if t is not None else (None, None)
+        tokens, padded = _mapping_tokens(batch)
+        return samples, tokens, padded
+    return _with_padded(tensor_counts(t)) if t is not None else (None, None, None)
+
+
+def _with_padded(counts: tuple[int | None, int | None]) -> Counts:
+    return counts[0], counts[1], counts[1]
+
+
+def user_counter(fn: Any) -> Any:
+    """``instrument(count_batch=fn)``: ``fn(batch) -> (samples, tokens)``, tokens padded
+    or not as ``fn`` counts them (its tokens key the FLOPs too)."""
+
+    def counts(batch: Any) -> Counts:
+        samples, tokens = fn(batch)
+        return samples, tokens, tokens
+
+    return counts
 
 
 def tensor_counts(t: torch.Tensor) -> tuple[int | None, int | None]:
@@ -85,17 +116,20 @@ def _first_tensor(x: Any, depth: int = 0) -> Any:
     return None
 
 
-def _mapping_tokens(batch: Any) -> int | None:
-    """Tokens of a mapping batch: a CPU attention mask's sum, else input_ids' size.
-    Mappings here need only keys/__getitem__ (BatchEncoding, UserDict), not .get."""
+def _mapping_tokens(batch: Any) -> tuple[int | None, int | None]:
+    """Tokens of a mapping batch: a CPU attention mask's sum, else input_ids' size; and
+    the padded tokens (input_ids' size, else the tokens). Mappings here need only
+    keys/__getitem__ (BatchEncoding, UserDict), not .get."""
+    try:
+        ids = batch["input_ids"] if "input_ids" in batch else None  # noqa: SIM401
+    except Exception:
+        ids = None
+    size = int(ids.numel()) if isinstance(ids, torch.Tensor) else None
     try:
         mask = batch["attention_mask"] if "attention_mask" in batch else None  # noqa: SIM401
     except Exception:
         mask = None
     if isinstance(mask, torch.Tensor) and not mask.is_cuda:
-        return int(mask.sum())
-    try:
-        ids = batch["input_ids"] if "input_ids" in batch else None  # noqa: SIM401
-    except Exception:
-        ids = None
-    return int(ids.numel()) if isinstance(ids, torch.Tensor) else None
+        tokens = int(mask.sum())
+        return tokens, size if size is not None else tokens
+    return size, size

@@ -64,7 +64,7 @@ from .base import (
     mark_region,
     patch_attribute,
 )
-from .batches import count_batch
+from .batches import batch_counts, user_counter
 
 EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
@@ -120,7 +120,7 @@ class HFTrainerAdapter:
         self.inst = inst
         self.rec: Recorder = inst.session.recorder  # read by the backward wrapper
         self.trainer = trainer
-        self.counter = counter or count_batch
+        self.counter = user_counter(counter) if counter is not None else batch_counts
         self.active = True
         self.in_step = False
         self.accumulating = False
@@ -148,13 +148,18 @@ class HFTrainerAdapter:
             return
         samples: int | None = None
         tokens: int | None = None
+        padded: int | None = None
         for batch in batches:  # (one per micro-batch of the optimizer step)
             try:
-                s, t = self.counter(batch)
+                s, t, p = self.counter(batch)
             except Exception:
                 continue
-            samples, tokens = add_count(samples, s), add_count(tokens, t)
-        rec.data_fetched(perf_counter_ns(), samples, tokens)
+            samples, tokens, padded = (
+                add_count(samples, s),
+                add_count(tokens, t),
+                add_count(padded, p),
+            )
+        rec.data_fetched(perf_counter_ns(), samples, tokens, padded)
 
     # micro-steps, forward ----------------------------------------------------------------
 

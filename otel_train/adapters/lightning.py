@@ -46,7 +46,7 @@ import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .base import Instrumentation, close_phases, guarded, mark_region
-from .batches import count_batch
+from .batches import batch_counts, user_counter
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -106,7 +106,7 @@ class LightningAdapter:
     ) -> None:
         self.inst = inst
         self.rec: Recorder = inst.session.recorder
-        self.counter = counter or count_batch
+        self.counter = user_counter(counter) if counter is not None else batch_counts
         self.active = True
         self.stepped = False  # the optimizer stepped in this batch: the step ends with it
         self.accumulating = False
@@ -144,10 +144,10 @@ class LightningAdapter:
         else:
             rec.transition(_BATCH)
         try:
-            samples, tokens = self.counter(batch)
+            samples, tokens, padded = self.counter(batch)
         except Exception:
-            samples = tokens = None
-        rec.log_counts(samples, tokens)
+            samples = tokens = padded = None
+        rec.log_counts(samples, tokens, padded)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.active:

@@ -34,7 +34,7 @@ import torch
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
 from .base import Instrumentation
-from .batches import count_batch, tensor_counts
+from .batches import Counts, batch_counts, tensor_counts, user_counter
 
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
@@ -80,9 +80,9 @@ class _TimedIterator:
             raise
         try:
             t = perf_counter_ns()
-            samples = tokens = None
+            samples = tokens = padded = None
             if (
-                adapter.counter is count_batch
+                adapter.counter is batch_counts
                 and type(batch) in _SEQUENCES
                 and batch
                 and type(batch[0]) is _TENSOR
@@ -93,9 +93,10 @@ class _TimedIterator:
                         samples = head.shape[0]
                 else:  # token ids, maybe (batches.py)
                     samples, tokens = tensor_counts(head)
+                    padded = tokens
             else:
-                samples, tokens = adapter.counts_of(batch)
-            rec.data_fetched(t, samples, tokens)
+                samples, tokens, padded = adapter.counts_of(batch)
+            rec.data_fetched(t, samples, tokens, padded)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
         return batch
@@ -151,25 +152,25 @@ class TorchLoopAdapter:
     ) -> None:
         self.inst = inst
         self.rec = rec
-        self.counter = counter or count_batch
+        self.counter = user_counter(counter) if counter is not None else batch_counts
         self.active = True
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
 
-    def counts_of(self, batch: Any) -> tuple[int | None, int | None]:
-        """The batch's (samples, tokens) by the counter; (None, None) if it fails."""
+    def counts_of(self, batch: Any) -> Counts:
+        """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
         try:
             return self.counter(batch)
         except Exception:
-            return None, None
+            return None, None, None
 
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
         the user's own counts: the recorder never adds to those)."""
-        samples, tokens = self.counts_of(batch)
+        samples, tokens, padded = self.counts_of(batch)
         if samples is not None or tokens is not None:
-            self.rec.log_counts(samples, tokens)
+            self.rec.log_counts(samples, tokens, padded)
 
     # hooks ------------------------------------------------------------------------------
     # Each hook guards itself (a try costs nothing until it catches): an error inside

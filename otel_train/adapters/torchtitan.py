@@ -96,7 +96,7 @@ class TitanAdapter:
             rec.exit(type(err) if err is not None else None, err)
         if batch is not None:
             samples, tokens = self.counter(batch)
-            rec.add_counts(samples, tokens)
+            rec.add_counts(samples, tokens, tokens)  # (labels: no padding to tell apart)
 
     def fetch(self, fetch: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fetch(*args)`` as a ``data`` phase of the open step, counting what it returns."""

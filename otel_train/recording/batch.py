@@ -30,6 +30,8 @@ MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
 _TIME = itemgetter(1)
 _SAMPLES = itemgetter(3)
 _TOKENS = itemgetter(4)
+_PADDED = itemgetter(5)
+Column = list[int | None]  # one count per step of a block
 
 
 class Shape:
@@ -102,7 +104,8 @@ class StepBlock:
     """``k`` consecutive finished steps of one shape, indices ``first`` .. ``first+k-1``.
 
     Columns (one item per step): ``starts``/``ends`` (host ns), ``seconds`` (host step
-    seconds), ``samples``/``tokens`` (None where unknown), ``scalars`` (each step's, or
+    seconds), ``samples``/``tokens``/``padded`` (None where unknown; ``padded``: tokens
+    padding included, adapters/batches.py), ``scalars`` (each step's, or
     None when no step has any), ``durations`` (span extent in ns, device times included),
     ``device_seconds`` (None for a host-only block), ``errors`` (offsets of steps that
     raised). Per phase row of the shape: ``phase_seconds[r]`` (device seconds where
@@ -110,8 +113,8 @@ class StepBlock:
     """
 
     __slots__ = ("_data", "_entries", "_steps", "_times", "device_seconds", "durations",
-                 "efficiency", "ends", "errors", "first", "k", "memory", "phase_seconds",
-                 "samples", "scalars", "seconds", "shape", "starts", "template",
+                 "efficiency", "ends", "errors", "first", "k", "memory", "padded",
+                 "phase_seconds", "samples", "scalars", "seconds", "shape", "starts", "template",
                  "tokens")  # fmt: skip
 
     def __init__(
@@ -148,6 +151,7 @@ class StepBlock:
         block.seconds = [s.host_seconds for s in steps]
         block.samples = [s.samples for s in steps]
         block.tokens = [s.tokens for s in steps]
+        block.padded = [s.padded for s in steps]
         block.durations = [s.end - s.start for s in steps]
         rows = [s.rows for s in steps]
         block.phase_seconds = [[r[i][P_SECONDS] for r in rows] for i in range(len(shape.names))]
@@ -182,12 +186,12 @@ class StepBlock:
             for _, _, _, i0, i1 in tpl.rows
         ]
 
-    def take_raw(self) -> tuple[list[int], list[int | None], list[int | None], Any]:
+    def take_raw(self) -> tuple[list[int], Column, Column, Column, Any]:
         """What the columns derive from, in plain lists (the log entries are let go):
-        every entry's time, each step's samples and tokens and its scalars (or None)."""
+        every entry's time, each step's samples, tokens, padded tokens and scalars."""
         tpl, m = self.template, self.template.m
         self._times = list(map(_TIME, self._entries))
-        self.samples, self.tokens = self._counts()
+        self.samples, self.tokens, self.padded = self._counts()
         # Each step's scalars, resolved as the worker resolves a replayed step's.
         self.scalars: list[list[tuple[str, float]]] | None = None
         if tpl.scalars:
@@ -199,7 +203,7 @@ class StepBlock:
                     )
             self.scalars = per_step
         self._entries = []
-        return self._times, self.samples, self.tokens, self.scalars
+        return self._times, self.samples, self.tokens, self.padded, self.scalars
 
     @classmethod
     def from_raw(
@@ -207,29 +211,32 @@ class StepBlock:
         template: Any,
         first: int,
         times: list[int],
-        samples: list[int | None],
-        tokens: list[int | None],
+        counts: tuple[Column, Column, Column],
         scalars: list[list[tuple[str, float]]] | None,
     ) -> StepBlock:
-        """A block rebuilt from :meth:`take_raw`'s lists (in the sidecar's process)."""
+        """A block rebuilt from :meth:`take_raw`'s lists (in the sidecar's process);
+        ``counts``: its samples, tokens and padded tokens columns."""
         block = cls(template, [], first)
         block.k = len(times) // template.m
-        block._times, block.samples, block.tokens, block.scalars = times, samples, tokens, scalars
+        block._times, block.scalars = times, scalars
+        block.samples, block.tokens, block.padded = counts
         return block
 
-    def _counts(self) -> tuple[list[int | None], list[int | None]]:
+    def _counts(self) -> tuple[Column, Column, Column]:
         tpl, m = self.template, self.template.m
         if not tpl.counts:
-            none: list[int | None] = [None] * self.k
-            return none, list(none)
+            none: Column = [None] * self.k
+            return none, list(none), list(none)
         c = tpl.counts[0]
         samples = list(map(_SAMPLES, self._entries[c::m]))
         tokens = list(map(_TOKENS, self._entries[c::m]))
+        padded = list(map(_PADDED, self._entries[c::m]))
         for c in tpl.counts[1:]:  # several fetches per step (gradient accumulation)
             more = self._entries[c::m]
             samples = [add_count(a, e[3]) for a, e in zip(samples, more, strict=True)]
             tokens = [add_count(a, e[4]) for a, e in zip(tokens, more, strict=True)]
-        return samples, tokens
+            padded = [add_count(a, e[5]) for a, e in zip(padded, more, strict=True)]
+        return samples, tokens, padded
 
     # -- reading -------------------------------------------------------------------------
 
@@ -266,7 +273,7 @@ class StepBlock:
     def _built(self, i: int) -> ResolvedStep:
         tpl, m = self.template, self.template.m
         rs = ResolvedStep(self.first + i, self.starts[i], self.ends[i])
-        rs.samples, rs.tokens = self.samples[i], self.tokens[i]
+        rs.samples, rs.tokens, rs.padded = self.samples[i], self.tokens[i], self.padded[i]
         times = self._times
         base = i * m
         rs.rows = [

@@ -228,7 +228,7 @@ class DeferredLog(PhaseMachine):
             if counted and (item[3] is not None or item[4] is not None):
                 stack = item[0]
                 if stack is self.step_stack or not stack or stack[-1][S_STEP].mode != BACKGROUND:
-                    self._adapter_counts(item[3], item[4])  # (a background phase's: no step's)
+                    self._adapter_counts(item[3], item[4], item[5])  # (background: none)
         elif kind == ENTER:  # (stack, t, ENTER, name)
             self._enter_at(item[3], item[1], item[0])
         elif kind == EXIT:  # (stack, t, EXIT, name, error)
@@ -239,8 +239,8 @@ class DeferredLog(PhaseMachine):
             self._scoped_end_at(item[1])
         elif kind == SCALARS:  # (stack, 0, SCALARS, [(name, value)])
             self._add_scalars(item[3])
-        elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens): a batch's counts
-            self._adapter_counts(item[3], item[4])
+        elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens, padded): a batch's
+            self._adapter_counts(item[3], item[4], item[5])
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 

@@ -32,7 +32,7 @@ from .. import contract as c
 from ..settings import Settings
 from .aggregate import MetricsAggregator
 from .batch import EfficiencyColumns, StepBlock, StepEfficiency
-from .flops import CountResult, FlopProbe, dtype_label, parameter_count
+from .flops import CountResult, FlopKey, FlopProbe, dtype_label, parameter_count
 from .goodput import Goodput
 from .peaks import Peak, lookup_peak
 from .regions import RegionLog
@@ -41,6 +41,9 @@ _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
 RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
 MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
+# A new shape is counted only while counted steps took at most this share of the step
+# time seen so far (the first count always runs): a short run is not made of counts.
+COUNT_BUDGET = 0.05
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
 
 
@@ -96,10 +99,13 @@ class EfficiencyTracker:
         self.model_facts: tuple[int, str, str | None] | None = None
         self._recorder = recorder
         self._graphs_at_start = _dynamo_graphs()
-        self._counted: dict[tuple[int | None, int | None], float] = {}
+        self._counted: dict[FlopKey, float] = {}
         self.count_results: list[CountResult] = []  # one per shape, for the summary
         self._counted_steps: set[int] = set()
-        self._requests: dict[tuple[int | None, int | None], int] = {}
+        self._requests: dict[FlopKey, int] = {}
+        self.count_seconds = 0.0  # every counted step's wall time, recounts included
+        self.counted_total = 0  # counted steps
+        self.scaled_steps = 0  # steps whose FLOPs were scaled from a counted shape
         self._cost_pending: CountResult | None = None
         self._after_count: list[float] = []
         self.count_cost: float | None = None
@@ -201,15 +207,21 @@ class EfficiencyTracker:
         k = block.k
         if self._given is not None:
             return [self._given] * k, ["given"] * k, [False] * k
+        # FLOPs follow the shape computed on: the padded tokens where an adapter counted them.
+        padded, tokens = block.padded, block.tokens
+        if padded != tokens:
+            tokens = [t if p is None else p for p, t in zip(padded, tokens, strict=True)]
         if self._estimate:
-            flops = [self._estimated(t) for t in block.tokens]
+            flops = [self._estimated(t) for t in tokens]
             return flops, ["estimate" if f is not None else "" for f in flops], [False] * k
         if self.probe is None:
             return [None] * k, [""] * k, [False] * k
-        samples, tokens, first = block.samples, block.tokens, block.first
+        samples, first = block.samples, block.first
         if samples.count(samples[0]) == k and tokens.count(tokens[0]) == k:
             # One batch shape (the usual block): one lookup, the counted step by index.
             value, source, _ = self._flops_of(samples[0], tokens[0], first)
+            if source == "scaled":
+                self.scaled_steps += k
             done = self._counted_steps
             if source == "counted" and any(first <= i < first + k for i in done):
                 counted = [i in done for i in range(first, first + k)]
@@ -218,7 +230,9 @@ class EfficiencyTracker:
             return [value] * k, [source] * k, counted
         counts = enumerate(zip(samples, tokens, strict=True), first)
         out = [self._flops_of(s, t, i) for i, (s, t) in counts]
-        return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+        sources = [o[1] for o in out]
+        self.scaled_steps += sources.count("scaled")
+        return [o[0] for o in out], sources, [o[2] for o in out]
 
     def _measure_cost(self, seconds: list[float], agg: MetricsAggregator) -> None:
         """The counted step's cost over the median of the next few rated steps."""
@@ -287,7 +301,9 @@ class EfficiencyTracker:
             return
         while probe.results:
             r = probe.results.popleft()
-            key = (r.samples, r.tokens)
+            key = r.key
+            self.count_seconds += r.seconds
+            self.counted_total += 1
             self._counted_steps.add(r.index)
             if len(self._counted_steps) > 64:
                 self._counted_steps.remove(min(self._counted_steps))
@@ -303,6 +319,7 @@ class EfficiencyTracker:
     def _flops_of(
         self, samples: int | None, tokens: int | None, index: int
     ) -> tuple[float | None, str, bool]:
+        """FLOPs of a step of ``samples`` and ``tokens`` (padded: the shape computed on)."""
         if self._given is not None:
             return self._given, "given", False
         if self._estimate:
@@ -324,6 +341,7 @@ class EfficiencyTracker:
             and not probe.armed
             and not probe.failed
             and len(self._counted) < MAX_COUNTED_SHAPES
+            and self.count_seconds <= COUNT_BUDGET * self.step_total
         ):
             self._requests[key] = requests + 1
             probe.arm(0)  # count this new shape on the next step that begins
@@ -338,7 +356,7 @@ class EfficiencyTracker:
             self._params = facts[0] if facts is not None else parameter_count(self.models)
         return 6.0 * self._params * tokens if self._params else None
 
-    def _scaled(self, key: tuple[int | None, int | None]) -> tuple[float | None, str, float]:
+    def _scaled(self, key: FlopKey) -> tuple[float | None, str, float]:
         """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest
         counted one, and the relative change from it (inf when nothing compares)."""
         samples, tokens = key
@@ -414,8 +432,11 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
             text += ", MFU - (no peak known: set peak_tflops)"
         lines.append(text)
     for r in tracker.count_results[:MAX_COUNTED_SHAPES]:
+        padded = r.padded if r.padded != r.tokens else None
         shape = ", ".join(
-            f"{v:,} {k}" for k, v in (("samples", r.samples), ("tokens", r.tokens)) if v is not None
+            f"{v:,} {k}"
+            for k, v in (("samples", r.samples), ("tokens", r.tokens), ("padded tokens", padded))
+            if v is not None
         )
         text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
         text += f" ({shape})" if shape else ""
@@ -429,6 +450,12 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
             else:  # the steps after it were as slow or slower (an evaluation among them)
                 text += f", no slower than a typical step ({fmt_seconds(typical)})"
         lines.append(text)
+    if tracker.counted_total > 1 or tracker.scaled_steps:
+        lines.append(
+            f"  FLOP counting: {tracker.counted_total} counted steps took "
+            f"{fmt_seconds(tracker.count_seconds)} in all; {tracker.scaled_steps:,} steps of "
+            "other batch shapes scaled from the nearest counted one (linear in padded tokens)"
+        )
     if tracker.step_total > 0:
         lines.append(f"  data stall {100.0 * tracker.data_total / tracker.step_total:.1f}% "
                      "of step time")  # fmt: skip

@@ -48,14 +48,28 @@ MAX_MISSES = 2  # counted steps of an already-counted shape before a recount giv
 MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the shapes do
 
 
+FlopKey = tuple[int | None, int | None]
+
+
+def flop_key(samples: int | None, tokens: int | None, padded: int | None) -> FlopKey:
+    """What a step's FLOPs are known by: its samples and the tokens the model computed
+    on, padding included (``padded``, adapters/batches.py), else its tokens."""
+    return samples, padded if padded is not None else tokens
+
+
 @dataclass(frozen=True)
 class CountResult:
     index: int  # the counted step
     samples: int | None
     tokens: int | None
+    padded: int | None  # tokens padding included, when an adapter counted them
     flops: int
     dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8, from the matmuls' inputs ("" if none ran)
     seconds: float  # host wall time of the counted step, counting included
+
+    @property
+    def key(self) -> FlopKey:
+        return flop_key(self.samples, self.tokens, self.padded)
 
 
 def dtype_label(dtype: torch.dtype) -> str:
@@ -133,7 +147,7 @@ class FlopProbe:
         self._step: Any = None
         self._thread = 0
         self.results: collections.deque[CountResult] = collections.deque(maxlen=64)
-        self._seen: set[tuple[int | None, int | None]] = set()
+        self._seen: set[FlopKey] = set()
         self.counted_steps = 0
         self._misses = 0
         self.failed = False
@@ -195,12 +209,13 @@ class FlopProbe:
             flops, dtype = self._stop()
             self.counted_steps += 1
             seconds = max(0, t1 - step.t0) / 1e9
-            self.results.append(
-                CountResult(step.index, step.samples, step.tokens, flops, dtype, seconds)
-            )
+            result = CountResult(index=step.index, samples=step.samples, tokens=step.tokens,
+                                 padded=step.padded, flops=flops, dtype=dtype,
+                                 seconds=seconds)  # fmt: skip
+            self.results.append(result)
             # The shape is known only once the step has run: when this one was counted
             # already, stay armed for a few more steps to catch the shape asked for.
-            key = (step.samples, step.tokens)
+            key = result.key
             if (
                 key in self._seen
                 and self._misses < MAX_MISSES

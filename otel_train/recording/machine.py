@@ -174,7 +174,7 @@ class StepMachine:
             return False
         current.mode = EXPLICIT
         if samples is not None or tokens is not None:
-            current.samples, current.tokens = samples, tokens
+            current.samples, current.tokens, current.padded = samples, tokens, None
         return True
 
     def _close(self, step: OpenStep, t1: int) -> None:
@@ -295,16 +295,19 @@ class StepMachine:
     # -- what a step carries besides its phases ------------------------------------------
 
     @staticmethod
-    def _add_counts(step: OpenStep, samples: int | None, tokens: int | None) -> None:
+    def _add_counts(
+        step: OpenStep, samples: int | None, tokens: int | None, padded: int | None
+    ) -> None:
         step.samples = add_count(step.samples, samples)
         step.tokens = add_count(step.tokens, tokens)
+        step.padded = add_count(step.padded, padded)
 
-    def _adapter_counts(self, samples: int | None, tokens: int | None) -> None:
+    def _adapter_counts(self, samples: int | None, tokens: int | None, padded: int | None) -> None:
         """A batch's counts go to an adapter's step only: an explicit step carries the
         user's own counts."""
         step = self._current
         if step is not None and step.mode == ADAPTER:
-            self._add_counts(step, samples, tokens)
+            self._add_counts(step, samples, tokens, padded)
 
     def _add_scalars(self, items: list[tuple[str, Any]]) -> None:
         """Scalars belong to the step open when they were recorded (else they stand alone)."""

@@ -263,30 +263,35 @@ class Recorder(DeferredLog):
 
     # -- counts ------------------------------------------------------------------------
 
-    def add_counts(self, samples: int | None, tokens: int | None) -> None:
+    def add_counts(self, samples: int | None, tokens: int | None, padded: int | None) -> None:
+        """A batch's counts (``padded``: its tokens padding included, see
+        adapters/batches.py) for the step open now."""
         with self._lock:
             self._settle()
             step = self._current
             if step is not None:
-                self._add_counts(step, samples, tokens)
+                self._add_counts(step, samples, tokens, padded)
 
-    def data_fetched(self, t: int, samples: int | None, tokens: int | None) -> None:
+    def data_fetched(
+        self, t: int, samples: int | None, tokens: int | None, padded: int | None
+    ) -> None:
         """A loader's fetch ended at ``t``: exit its ``data`` phase and add the batch's
         counts to the adapter step open then (one log entry instead of two)."""
         if not self.enabled:
             self._disabled()
             return
         try:
-            self._record((self._tls_stack(), t, DATA_FETCHED, samples, tokens), self._defer)
+            entry = (self._tls_stack(), t, DATA_FETCHED, samples, tokens, padded)
+            self._record(entry, self._defer)
         except Exception:
             self._fail()
 
     # Counts and discards have no guard: they still reach the state machine (at once) when
     # recording is off, and the adapters calling them catch what they raise.
 
-    def log_counts(self, samples: int | None, tokens: int | None) -> None:
+    def log_counts(self, samples: int | None, tokens: int | None, padded: int | None) -> None:
         """Counts from the batch just fetched, for the adapter step open at this point."""
-        self._record((None, 0, COUNTS, samples, tokens), self._defer and self.enabled)
+        self._record((None, 0, COUNTS, samples, tokens, padded), self._defer and self.enabled)
 
     def discard_step_if_only(self, name: str) -> None:
         """Drop an adapter-opened step that holds nothing but ``name`` (an exhausted loader)."""

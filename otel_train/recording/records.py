@@ -94,6 +94,7 @@ class OpenStep:
         "ev1",
         "index",
         "mode",
+        "padded",
         "phases",
         "samples",
         "scalars",
@@ -113,6 +114,7 @@ class OpenStep:
         self.ev1: Any = None
         self.samples: int | None = None
         self.tokens: int | None = None
+        self.padded: int | None = None  # tokens padding included, if an adapter counted
         # Rows (see P_SEQ ...): the worker's rows as they are when the phase has no
         # events (the CPU case)
         self.phases: list[tuple[Any, ...]] = []

@@ -63,6 +63,7 @@ class ResolvedStep:
         "host_seconds",
         "host_start",
         "index",
+        "padded",
         "rows",
         "sampled_because",
         "samples",
@@ -83,6 +84,7 @@ class ResolvedStep:
         self.end = host_end
         self.samples: int | None = None
         self.tokens: int | None = None
+        self.padded: int | None = None  # tokens padding included (None: as tokens)
         # One tuple per phase, in entry order (the worker's hot loop reads these):
         # (seq, parent, name, host_start, host_end, dev_start, dev_end, memory, error, seconds)
         self.rows: list[tuple[Any, ...]] = []

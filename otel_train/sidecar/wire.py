@@ -79,30 +79,31 @@ def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] = []
     for part in parts:
         if isinstance(part, StepBlock):
-            times, samples, tokens, scalars = part.take_raw()
+            times, samples, tokens, padded, scalars = part.take_raw()
             out.append((_BLOCK, template_key(part.template), part.first, times, samples,
-                        tokens, scalars))  # fmt: skip
+                        tokens, padded, scalars))  # fmt: skip
         else:
             out.append((_STEPS, [_step(s) for s in part]))
     return out
 
 
 def _step(s: ResolvedStep) -> tuple[Any, ...]:
-    return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.rows, s.scalars,
-            s.error, s.dev_start, s.dev_end)  # fmt: skip
+    return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.padded, s.rows,
+            s.scalars, s.error, s.dev_start, s.dev_end)  # fmt: skip
 
 
 def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
     out: list[Part] = []
     for item in encoded:
         if item[0] == _BLOCK:
-            _, key, first, times, samples, tokens, scalars = item
-            out.append(StepBlock.from_raw(templates[key], first, times, samples, tokens, scalars))
+            _, key, first, times, samples, tokens, padded, scalars = item
+            counts = (samples, tokens, padded)
+            out.append(StepBlock.from_raw(templates[key], first, times, counts, scalars))
             continue
         steps = []
-        for index, h0, h1, samples, tokens, rows, scalars, error, d0, d1 in item[1]:
+        for index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1 in item[1]:
             rs = ResolvedStep(index, h0, h1)
-            rs.samples, rs.tokens = samples, tokens
+            rs.samples, rs.tokens, rs.padded = samples, tokens, padded
             rs.rows, rs.scalars, rs.error = rows, scalars, error
             if d0 is not None:
                 rs.dev_start, rs.dev_end = d0, d1

@@ -102,3 +102,64 @@ def test_a_batch_fetched_but_never_trained_on_is_not_counted() -> None:
     fetch_ahead_loop(model, opt, loader, 6)
     otel_train.shutdown()
     assert _sums(tel) == {c.STEPS.name: 6, c.SAMPLES.name: 48}
+
+
+class _PaddedDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Token-id samples padded to 16, each with its own number of real tokens."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        real = 3 + (i * 5) % 13
+        mask = torch.zeros(16, dtype=torch.long)
+        mask[:real] = 1
+        return {"input_ids": torch.randint(0, 50, (16,)), "attention_mask": mask}
+
+
+def test_padded_batches_key_flops_by_the_padded_shape() -> None:
+    """Issue 13 item 6: compute follows the padded shape. Every batch is (4, 16) padded
+    with its own mask: one count, the same FLOPs for every step, tokens from the masks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 32), torch.nn.Linear(32, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(_PaddedDataset(), batch_size=4)
+    tel = InMemoryTelemetry()
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, trace_steps="all",
+                          console="off", **providers(tel))  # fmt: skip
+    masks = 0
+    for _ in range(2):
+        for batch in loader:
+            masks += int(batch["attention_mask"].sum())
+            model(batch["input_ids"]).float().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    otel_train.shutdown()
+    steps = sorted(
+        (s.attributes for s in tel.spans() if s.name == c.STEP_SPAN.name),
+        key=lambda a: a[c.STEP_INDEX.key],
+    )
+    assert len(steps) == 16
+    flops = {a[c.STEP_FLOPS.key] for a in steps[1:]}  # (step 0 is never counted)
+    assert len(flops) == 1, flops
+    assert [a[c.STEP_INDEX.key] for a in steps if a.get(c.STEP_FLOPS_COUNTED.key)] == [1]
+    assert {a[c.STEP_FLOPS_SOURCE.key] for a in steps[1:]} == {"counted"}
+    assert sum(a[c.STEP_TOKENS.key] for a in steps) == masks  # throughput: real tokens
+    assert len({a[c.STEP_TOKENS.key] for a in steps}) > 1
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        ({"input_ids": IDS, "attention_mask": torch.ones(4, 16)[:, :10]}, (4, 40, 64)),
+        ({"input_ids": IDS}, (4, 64, 64)),
+        ((IDS, IDS), (4, 64, 64)),
+        ((torch.randn(4, 16),), (4, None, None)),
+    ],
+)
+def test_batch_counts_give_padded_tokens_beside_tokens(
+    batch: Any, expected: tuple[int | None, ...]
+) -> None:
+    from otel_train.adapters.batches import batch_counts
+
+    assert batch_counts(batch) == expected

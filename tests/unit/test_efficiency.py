@@ -130,7 +130,10 @@ def test_counted_flops_of_a_tiny_transformer_match_the_analytic_count() -> None:
     )
 
 
-def test_a_new_batch_shape_is_counted_again_and_scaled_until_then() -> None:
+def _shapes_run(batches: list[int], step_s: float) -> tuple[list[dict[str, Any]], Any, Any]:
+    """Explicit steps of an MLP, one batch size each, each resolved before the next;
+    ``step_s``: time each step also sleeps. Returns (step spans' attributes, the probe
+    armed at the end, the efficiency tracker)."""
     sizes = (16, 32, 4)
     model = _mlp(sizes)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -139,30 +142,44 @@ def test_a_new_batch_shape_is_counted_again_and_scaled_until_then() -> None:
                           **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None
-
-    def run(batch: int, index: int) -> None:
+    for index, batch in enumerate(batches):
         x = torch.randn(batch, 16)
         with otel_train.step(samples=batch):
             model(x).sum().backward()
             opt.step()
+            time.sleep(step_s)
         deadline = time.monotonic() + 10  # the worker resolves each step before the next
         while session.worker.steps_processed <= index and time.monotonic() < deadline:
             time.sleep(0.005)
-
-    batches = [8, 8, 8, 4, 4, 4]
-    for i, batch in enumerate(batches):
-        run(batch, i)
     probe_after = session.recorder.flop_probe
     otel_train.shutdown()
-    steps = _attrs(tel)
-    sources = [s[c.STEP_FLOPS_SOURCE.key] if c.STEP_FLOPS.key in s else "" for s in steps]
+    return _attrs(tel), probe_after, session.efficiency
+
+
+def _sources(steps: list[dict[str, Any]]) -> list[str]:
+    return [s[c.STEP_FLOPS_SOURCE.key] if c.STEP_FLOPS.key in s else "" for s in steps]
+
+
+def test_a_new_batch_shape_is_counted_again_and_scaled_until_then() -> None:
+    sizes = (16, 32, 4)
+    steps, probe_after, _ = _shapes_run([8] * 40 + [4, 4, 4], step_s=0.03)
     counted_at = [i for i, s in enumerate(steps) if s.get(c.STEP_FLOPS_COUNTED.key)]
-    assert sources == ["", "counted", "counted", "scaled", "counted", "counted"]
-    assert counted_at == [1, 4]  # the first step of the new shape armed the recount
-    assert steps[3][c.STEP_FLOPS.key] == pytest.approx(_mlp_flops(8, sizes) / 2)
-    assert steps[4][c.STEP_FLOPS.key] == pytest.approx(_mlp_flops(4, sizes), rel=0.05)
+    assert _sources(steps) == ["", *["counted"] * 39, "scaled", "counted", "counted"]
+    assert counted_at == [1, 41]  # the first step of the new shape armed the recount
+    assert steps[40][c.STEP_FLOPS.key] == pytest.approx(_mlp_flops(8, sizes) / 2)
+    assert steps[41][c.STEP_FLOPS.key] == pytest.approx(_mlp_flops(4, sizes), rel=0.05)
     assert steps[2][c.STEP_FLOPS.key] == pytest.approx(_mlp_flops(8, sizes), rel=0.05)
     assert probe_after is None
+
+
+def test_a_short_run_is_not_made_of_counts() -> None:
+    """Issue 13 item 6: counted steps stay within 5% of the step time seen; past that a
+    new shape is scaled from the nearest counted one, and the summary says how many."""
+    steps, probe_after, tracker = _shapes_run([8, 8, 8, 4, 4, 4], step_s=0.0)
+    assert _sources(steps) == ["", "counted", "counted", "scaled", "scaled", "scaled"]
+    assert [i for i, s in enumerate(steps) if s.get(c.STEP_FLOPS_COUNTED.key)] == [1]
+    assert probe_after is None
+    assert tracker.counted_total == 1 and tracker.scaled_steps == 3
 
 
 def test_mfu_from_a_given_peak_is_the_hand_arithmetic() -> None:
@@ -475,7 +492,19 @@ class _CountedOnce:
     def __init__(self, seconds: float) -> None:
         from otel_train.recording.flops import CountResult
 
-        self.results = collections.deque([CountResult(1, 8, None, 1_000_000, "fp32", seconds)])
+        self.results = collections.deque(
+            [
+                CountResult(
+                    index=1,
+                    samples=8,
+                    tokens=None,
+                    padded=None,
+                    flops=1_000_000,
+                    dtype="fp32",
+                    seconds=seconds,
+                )
+            ]
+        )
         self.armed = False
         self.failed = False
 
