@@ -5,6 +5,7 @@ Usage::
     otel-train demo                       # 300 steps of a tiny language model, tables on stderr
     otel-train demo --otlp-endpoint http://127.0.0.1:4318 --steps 1000
     otel-train telemetry                  # print the telemetry reference (docs/telemetry.md)
+    otel-train replay RUN_DIR             # send a run record to a Collector (OTLP/HTTP)
 """
 
 from __future__ import annotations
@@ -126,6 +127,19 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .runs.replay import endpoint_from_env, replay
+
+    endpoint = args.endpoint or endpoint_from_env()
+    try:
+        done = replay(args.run_dir, endpoint)
+    except (OSError, RuntimeError) as err:
+        print(f"otel-train replay: {err}", file=sys.stderr)
+        return 1
+    print(f"otel-train replay: {done.requests} requests from {done.files} files sent to {endpoint}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,9 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--hold", type=float, default=0.0, help="keep /metrics up N s after training")
     d.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
     sub.add_parser("telemetry", help="print the telemetry reference (Markdown)")
+    r = sub.add_parser("replay", help="send a run record (otel-train-runs/...) to a Collector")
+    r.add_argument("run_dir", help="a run directory otel-train wrote")
+    r.add_argument("--endpoint", default=None,
+                   help="OTLP/HTTP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT, else "
+                   "http://127.0.0.1:4318)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)
+    if args.command == "replay":
+        return _replay(args)
     from .contract import render_markdown
 
     sys.stdout.write(render_markdown())

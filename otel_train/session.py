@@ -9,12 +9,14 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .export.resource import metrics_port, rank
+from .export.record import plan as record_plan
+from .export.resource import metrics_port, rank, service_name
 from .export.setup import (
     Telemetry,
     bind_metrics_socket,
@@ -33,7 +35,7 @@ from .recording.worker import Worker
 from .settings import ConfigError, Settings
 from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
-from .wiring import build_consumer
+from .wiring import build_consumer, prints_console
 
 if TYPE_CHECKING:
     from .adapters.base import Instrumentation
@@ -63,11 +65,9 @@ class Session:
         self.worker: Worker | None = None
         self.telemetry: Telemetry | None = None
         self._prometheus_address: tuple[str, int] | None = None
-        if (
-            settings.sidecar == "auto"
-            and debug is None
-            and builds_own(tracer_provider, meter_provider)
-        ):
+        own = builds_own(tracer_provider, meter_provider)
+        self.record = record_plan(settings, service_name(settings)) if own else None
+        if settings.sidecar == "auto" and debug is None and own:
             try:
                 self._start_sidecar(settings, source)
             except SidecarUnavailable as err:
@@ -79,7 +79,9 @@ class Session:
                 self.feeder = None
                 self.recorder.handover = None
         if self.feeder is None:
-            self.telemetry = build_telemetry(settings, tracer_provider, meter_provider, __version__)
+            self.telemetry = build_telemetry(
+                settings, tracer_provider, meter_provider, __version__, self.record
+            )
             consumer = build_consumer(
                 settings,
                 self.telemetry,
@@ -94,6 +96,9 @@ class Session:
             self.publisher = consumer.publisher
             self.worker = consumer.worker
             self._prometheus_address = self.telemetry.prometheus_address
+        if self.record is not None and prints_console(settings, rank()):
+            out = sys.stdout if settings.console == "stdout" else sys.stderr
+            print(f"otel-train: run record in {self.record.directory}", file=out, flush=True)
         self.instrumentations: dict[int, Instrumentation] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
@@ -111,7 +116,14 @@ class Session:
             sock = bind_metrics_socket(settings.prometheus_host, port, settings.prometheus_ranks)
             self._prometheus_address = sock.getsockname()[:2]
         self.feeder = Feeder(
-            source, self.efficiency, self.regions, settings, __version__, now_offset_ns(), sock
+            source,
+            self.efficiency,
+            self.regions,
+            settings,
+            __version__,
+            now_offset_ns(),
+            sock,
+            self.record,
         )
         # What the sidecar builds, as seen from here (its providers live there).
         self.telemetry = Telemetry(None, None, None, owned=True)
@@ -186,8 +198,7 @@ class Session:
         """What the exporters dropped so far, by reason (the sidecar's, after a flush)."""
         if self.feeder is not None:
             return dict(self.feeder.stats.get("export_drops", {}))
-        health = self.telemetry.health if self.telemetry is not None else None
-        return health.counts() if health is not None else {}
+        return self.telemetry.drop_counts() if self.telemetry is not None else {}
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Uninstrument everything, drain, print the summary, flush exports; bounded."""

@@ -74,7 +74,7 @@ def build_consumer(
         settings.trace_slowest,
         always=debug.wants_trace if debug is not None else None,
     )
-    console = _console(settings, efficiency, rank)
+    console = _console(settings, efficiency, rank, t.record.directory if t.record else None)
     worker = Worker(
         source,
         aggregator,
@@ -83,16 +83,23 @@ def build_consumer(
         sampler,
         console,
         settings.throughput_window,
-        export_drops=t.health.counts if t.health is not None else None,
+        export_drops=t.drop_counts if t.health is not None or t.record is not None else None,
         efficiency=efficiency,
     )
     return Consumer(aggregator, publisher, worker)
 
 
-def _console(settings: Settings, efficiency: Any, rank: int) -> ConsoleReporter:
+def _console(
+    settings: Settings, efficiency: Any, rank: int, record_dir: str | None
+) -> ConsoleReporter:
     """Tables from global rank 0 alone, or from every rank with its rank in each one."""
-    if settings.console_ranks == "first" and rank != 0:
+    if not prints_console(settings, rank):
         return ConsoleReporter(settings.console_every, "off")
     several = (world_size() or 1) > 1 or rank != 0
     label = f"rank {rank}" if settings.console_ranks == "all" and several else ""
-    return ConsoleReporter(settings.console_every, settings.console, efficiency, label)
+    return ConsoleReporter(settings.console_every, settings.console, efficiency, label, record_dir)
+
+
+def prints_console(settings: Settings, rank: int) -> bool:
+    """Whether this rank prints tables and the summary (console_ranks)."""
+    return settings.console != "off" and (settings.console_ranks == "all" or rank == 0)

@@ -9,6 +9,7 @@ session of their own. Hypothesis runs under a fixed budget (profile ``ci``). Tes
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +35,10 @@ hypothesis_settings.register_profile(
     "dev", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Run records of the tests' own-SDK sessions go to a scratch directory, not the checkout
+# (subprocesses that drop OTEL_* variables write to their cwd's otel-train-runs/).
+os.environ.setdefault("OTEL_TRAIN_RUN_DIR", tempfile.mkdtemp(prefix="otel-train-test-runs-"))
 
 
 def cuda_available() -> bool:

@@ -33,8 +33,9 @@ METRIC_ATTRIBUTES = {
     "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
     "training process could not hand to its sidecar process: pipe and buffer full, or the "
     "sidecar gone), export (spans whose "
-    "OTLP export failed), span_queue (spans dropped because the export queue was full) or "
-    "metric_export (metric data points whose OTLP export failed).",
+    "OTLP export failed), span_queue (spans dropped because the export queue was full), "
+    "metric_export (metric data points whose OTLP export failed) or run_record (spans and "
+    "metric points the run record could not write: a full disk, its span queue full).",
     A_DTYPE: "Matmul dtype the peak is for: fp32, tf32, bf16, fp16 or fp8.",
     A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
     "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",

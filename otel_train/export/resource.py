@@ -108,6 +108,11 @@ def build_resource(settings: Settings) -> Resource:
     return Resource.create(attrs)  # type: ignore[arg-type]
 
 
+def service_name(settings: Settings) -> str:
+    """The service.name this process's resource carries."""
+    return str(build_resource(settings).attributes.get("service.name", "unknown_service"))
+
+
 def _environment_names_service() -> bool:
     """Whether the SDK's own variables name the service: OTEL_SERVICE_NAME, or a
     ``service.name`` key in OTEL_RESOURCE_ATTRIBUTES (its ``key=value`` items, as the SDK

@@ -8,6 +8,7 @@ Decision order (first match wins):
    with a batch processor and OTLP exporter when an endpoint is configured, and a
    ``MeterProvider`` with the Prometheus reader behind ``/metrics`` (unless
    ``prometheus=False``) plus a periodic OTLP reader when an endpoint is configured.
+   Its spans and metrics also go to the run record (record.py) unless ``run_dir='off'``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ from .bridge import (
     HistogramBridge,
 )
 from .pipeline import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, SpanBatcher
+from .record import (
+    RECORD_INTERVAL_S,
+    RecordFile,
+    RecordMetricExporter,
+    RecordPlan,
+    RecordSpanExporter,
+    record_files,
+)
 from .resource import build_resource, metrics_port
 from .transport import otlp_session
 
@@ -58,7 +67,18 @@ class Telemetry:
     exporters: list[GuardedSpanExporter | GuardedMetricExporter] = field(default_factory=list)
     prometheus_server: Any | None = None
     prometheus_address: tuple[str, int] | None = None
+    record: RecordPlan | None = None  # where the run record goes, if it is written
+    record_files: list[RecordFile] = field(default_factory=list)
+    record_health: ExportHealth | None = None  # its span queue's drops
     _closers: list[Any] = field(default_factory=list)
+
+    def drop_counts(self) -> dict[str, int]:
+        """What the exporters and the run record dropped so far, by reason."""
+        counts = self.health.counts() if self.health is not None else {}
+        if self.record is not None:
+            queue = self.record_health.span_queue_full if self.record_health else 0
+            counts["run_record"] = queue + sum(f.dropped for f in self.record_files)
+        return counts
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and close what otel-train built, within ``timeout_s``; True if in time."""
@@ -117,7 +137,9 @@ def build_telemetry(
     tracer_provider: Any | None = None,
     meter_provider: Any | None = None,
     version: str = "",
+    record: RecordPlan | None = None,
 ) -> Telemetry:
+    """``record``: where otel-train's own SDK writes the run record (rule 3 only)."""
     if tracer_provider is not None or meter_provider is not None:
         return Telemetry(
             tracer_provider,
@@ -131,7 +153,7 @@ def build_telemetry(
             gmp if _is_sdk_meter_provider(gmp) else None,
             _BRIDGES.get(gmp),
         )
-    return build_own(settings, version)
+    return build_own(settings, version, record=record)
 
 
 def builds_own(tracer_provider: Any | None, meter_provider: Any | None) -> bool:
@@ -272,14 +294,43 @@ def serve_metrics(registry: Any, sock: socket.socket) -> Any:
 
 
 def build_own(
-    settings: Settings, version: str, metrics_socket: socket.socket | None = None
+    settings: Settings,
+    version: str,
+    metrics_socket: socket.socket | None = None,
+    record: RecordPlan | None = None,
 ) -> Telemetry:
-    from prometheus_client import CollectorRegistry
-
+    """Rule 3: otel-train's own providers (``metrics_socket``: /metrics already bound)."""
     resource = build_resource(settings)
     bridge = HistogramBridge(resource, version)
     readers: list[Any] = []
-    server = address = None
+    processors: list[SpanBatcher] = []
+    t = Telemetry(None, None, None, owned=True, record=record)
+    _serve_prometheus(t, settings, bridge, metrics_socket, readers)
+    _otlp_parts(t, settings, bridge, readers, processors)
+    if record is not None:
+        _record_parts(t, record, settings, bridge, readers, processors)
+    if readers:
+        t.meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource, shutdown_on_exit=False
+        )
+        _BRIDGES[t.meter_provider] = bridge
+        t.bridge = bridge
+    if processors:
+        t.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        for processor in processors:
+            t.tracer_provider.add_span_processor(processor)
+    return t
+
+
+def _serve_prometheus(
+    t: Telemetry,
+    settings: Settings,
+    bridge: HistogramBridge,
+    metrics_socket: socket.socket | None,
+    readers: list[Any],
+) -> None:
+    from prometheus_client import CollectorRegistry
+
     port = metrics_port(settings) if settings.prometheus else None
     if metrics_socket is None and port is not None:
         metrics_socket = bind_metrics_socket(
@@ -288,43 +339,54 @@ def build_own(
     if metrics_socket is not None:
         registry = CollectorRegistry(auto_describe=True)
         readers.append(BridgedPrometheusReader(bridge, registry=registry))
-        server, address = serve_metrics(registry, metrics_socket), _address(metrics_socket)
+        t.prometheus_server = serve_metrics(registry, metrics_socket)
+        t.prometheus_address = _address(metrics_socket)
+
+
+def _otlp_parts(
+    t: Telemetry,
+    settings: Settings,
+    bridge: HistogramBridge,
+    readers: list[Any],
+    processors: list[SpanBatcher],
+) -> None:
+    """The OTLP exporters an endpoint asks for, guarded and counted by one health."""
     health = ExportHealth()
-    exporters: list[GuardedSpanExporter | GuardedMetricExporter] = []
     if _otlp_wanted(settings, _METRIC_ENV):
         metric_exporter = GuardedMetricExporter(_metric_exporter(settings), health)
-        exporters.append(metric_exporter)
+        t.exporters.append(metric_exporter)
+        interval_ms = settings.metric_export_interval * 1000
         readers.append(
-            BridgedPeriodicReader(
-                bridge,
-                metric_exporter,
-                export_interval_millis=settings.metric_export_interval * 1000,
-            )
+            BridgedPeriodicReader(bridge, metric_exporter, export_interval_millis=interval_ms)
         )
-    meter_provider = None
-    if readers:
-        meter_provider = MeterProvider(
-            metric_readers=readers, resource=resource, shutdown_on_exit=False
-        )
-        _BRIDGES[meter_provider] = bridge
-    tracer_provider = None
     if _otlp_wanted(settings, _TRACE_ENV):
         span_exporter = GuardedSpanExporter(_span_exporter(settings), health)
-        exporters.append(span_exporter)
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        tracer_provider.add_span_processor(SpanBatcher(span_exporter, health))
-    if exporters:
+        t.exporters.append(span_exporter)
+        processors.append(SpanBatcher(span_exporter, health))
+    if t.exporters:
         health.attach()
-    return Telemetry(
-        tracer_provider,
-        meter_provider,
-        bridge if meter_provider is not None else None,
-        owned=True,
-        health=health if exporters else None,
-        exporters=exporters,
-        prometheus_server=server,
-        prometheus_address=address,
+        t.health = health
+
+
+def _record_parts(
+    t: Telemetry,
+    record: RecordPlan,
+    settings: Settings,
+    bridge: HistogramBridge,
+    readers: list[Any],
+    processors: list[SpanBatcher],
+) -> None:
+    """The run record's span processor and metric reader (record.py)."""
+    traces, metrics_file = record_files(record)
+    t.record_files = [traces, metrics_file]
+    t.record_health = ExportHealth()  # (never attached: its counts only)
+    interval_ms = min(settings.metric_export_interval, RECORD_INTERVAL_S) * 1000
+    readers.append(
+        BridgedPeriodicReader(
+            bridge, RecordMetricExporter(metrics_file), export_interval_millis=interval_ms
+        )
     )
+    processors.append(SpanBatcher(RecordSpanExporter(traces), t.record_health))
 
 
 def in_memory_meter_provider(resource: Any = None, version: str = "") -> tuple[Any, Any]:

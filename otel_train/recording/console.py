@@ -53,11 +53,20 @@ class _PhaseTotals:
 
 
 class ConsoleReporter:
-    def __init__(self, every: int, stream: str, efficiency: Any = None, label: str = "") -> None:
+    def __init__(
+        self,
+        every: int,
+        stream: str,
+        efficiency: Any = None,
+        label: str = "",
+        record_dir: str | None = None,
+    ) -> None:
         """``efficiency``: the efficiency.EfficiencyTracker whose figures the tables and
         the summary show, when there is one; ``label``: what names this process in each
-        table and summary (``rank 3`` when several ranks print)."""
+        table and summary (``rank 3`` when several ranks print); ``record_dir``: the run
+        record's directory, named at the end of the summary."""
         self.every = every
+        self.record_dir = record_dir
         self._head = f"otel-train [{label}]" if label else "otel-train"
         self._stream_name = stream
         self.device_total: int | None = None
@@ -262,4 +271,12 @@ class ConsoleReporter:
     def print_summary(self) -> None:
         out = self.stream
         if out is not None:
-            print(self.summary_text(), file=out, flush=True)
+            text = self.summary_text()
+            if self.record_dir is not None:
+                text += "\n" + record_line(self.record_dir)
+            print(text, file=out, flush=True)
+
+
+def record_line(directory: str) -> str:
+    """Where the run record is, and the command that makes its report."""
+    return f"otel-train: run record in {directory}  (report: otel-train report {directory})"

@@ -225,6 +225,24 @@ class Settings:
             "'10-12' (dumped when the range ends), or 'off'. Needs CUDA.",
         },
     )
+    run_dir: str = field(
+        default="otel-train-runs",
+        metadata={
+            "parse": v.run_directory,
+            "doc": "Where the run record goes when otel-train configures the SDK itself: "
+            "each run writes its spans and metrics as OTLP JSON Lines into "
+            "<run_dir>/<service>-<run id or start time>/, one file set per rank; "
+            "'off' writes none.",
+        },
+    )
+    run_record_mb: int = field(
+        default=256,
+        metadata={
+            "parse": v.int_range(1, 10**6),
+            "doc": "Size cap of each process's run record files, in MiB: past it the oldest "
+            "part of each file is rotated away (drops are counted).",
+        },
+    )
     debug_dir: str = field(
         default="otel-train-debug",
         metadata={

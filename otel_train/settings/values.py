@@ -171,6 +171,16 @@ def directory(name: str, value: Any) -> str:
     return text.strip()
 
 
+def run_directory(name: str, value: Any) -> str:
+    """'off', or a directory path (run_dir)."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return "off"
+    try:
+        return directory(name, value)
+    except ConfigError:
+        raise ConfigError("must be 'off' or a directory path (a non-empty string)") from None
+
+
 def shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

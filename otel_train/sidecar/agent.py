@@ -177,12 +177,12 @@ class RemoteProbe:
 
 class Agent:
     def __init__(self, hello: tuple[Any, ...], out: Any) -> None:
-        _, settings, version, offset_ns, _parent = hello
+        _, settings, version, offset_ns, _parent, record = hello
         self.settings = settings
         self._out = out
         fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
         sock = socket.socket(fileno=int(fd)) if fd else None
-        self.telemetry = build_own(settings, version, sock)
+        self.telemetry = build_own(settings, version, sock, record)
         self.source = RemoteSource(settings, out)
         self.templates: dict[int, Template] = {}
         self.regions = RegionLog()
@@ -254,11 +254,10 @@ class Agent:
 
     def stats(self) -> dict[str, Any]:
         """This process's figures, for the training process (benchmarks, tests)."""
-        health = self.telemetry.health
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return {
-            "export_drops": health.counts() if health is not None else {},
+            "export_drops": self.telemetry.drop_counts(),
             "rss_bytes": rss,
             "steps": self.worker.steps_processed,
         }

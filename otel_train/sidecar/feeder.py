@@ -58,7 +58,9 @@ class Feeder:
         version: str,
         offset_ns: int,
         metrics_socket: Any | None,
+        record: Any = None,
     ) -> None:
+        """``record``: the run record's plan (export/record.py), or None."""
         self.source = source
         self.efficiency = efficiency
         self.regions = regions
@@ -74,7 +76,7 @@ class Feeder:
         self.stats: dict[str, Any] = {}  # the sidecar's figures at the last flush
         self.process = SidecarProcess(metrics_socket)
         self.handover = RawHandover(source.recorder, self.process.send)
-        self.process.send((wire.HELLO, settings, version, offset_ns, os.getpid()))
+        self.process.send((wire.HELLO, settings, version, offset_ns, os.getpid(), record))
         answer = self.process.wait_for(
             (wire.READY, wire.FAILED), time.monotonic() + START_TIMEOUT_S
         )

@@ -3,7 +3,7 @@ of plain tuples, lists and numbers (pickle protocol 5: C code, no objects of our
 
 Training process -> sidecar (its stdin), one frame each:
 
-- ``(HELLO, settings, version, offset_ns, parent_pid)`` first;
+- ``(HELLO, settings, version, offset_ns, parent_pid, record plan or None)`` first;
 - ``(TEMPLATE, key, template)`` before the first block of a step shape;
 - ``(BATCH, parts, scalars, counters, regions, counts, probe_state, facts)``:
   finished steps (``parts``) with what goes beside them;

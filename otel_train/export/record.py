@@ -1,0 +1,226 @@
+"""The run record: each process's spans and metrics as OTLP JSON Lines files on disk.
+
+Every line is one OTLP/JSON export request (``ExportTraceServiceRequest`` in
+``rank<R>.traces.jsonl``, ``ExportMetricsServiceRequest`` in ``rank<R>.metrics.jsonl``):
+the form of the OpenTelemetry file exporter specification, which the Collector's
+``otlpjsonfile`` receiver reads, so a recorded run replays into any stack
+(``scripts/stack replay``) and ``otel-train report`` reads it back.
+
+The files are written by the exporters' own threads (the sidecar's, normally), never by
+the training thread. Each file has a share of ``run_record_mb``: past a part's size it
+is renamed ``.1.jsonl`` (older parts shift, the oldest is deleted), so a directory never
+grows past its cap. A write that fails (a full disk) drops that batch, counts it in
+``otel_train.dropped{reason="run_record"}`` and warns once; later batches try again.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from ..identity import local_rank, rank
+from ..settings import Settings
+from .resource import job_id
+
+_log = logging.getLogger("otel_train")
+
+RECORD_INTERVAL_S = 5.0  # metric snapshots in the record (at most the export interval)
+KEEP_PARTS = 3  # rotated parts kept per file besides the current one
+_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
+# rank0.traces.jsonl, and its rotated parts rank0.traces.1.jsonl (older: higher numbers)
+PART_NAME = re.compile(r"^(?P<prefix>.+)\.(?P<kind>traces|metrics)(?:\.(?P<part>\d+))?\.jsonl$")
+
+
+def part_name(prefix: str, kind: str, part: int = 0) -> str:
+    """The file name of ``kind`` (traces or metrics) part ``part`` (0: current)."""
+    return f"{prefix}.{kind}.{part}.jsonl" if part else f"{prefix}.{kind}.jsonl"
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """Where this process records: decided once in the training process (the sidecar,
+    a child of it, could not tell the launcher's start apart from its own)."""
+
+    directory: str
+    prefix: str  # file name prefix: rank<R>
+    max_bytes: int
+
+
+def plan(settings: Settings, service_name: str) -> RecordPlan | None:
+    if settings.run_dir == "off":
+        return None
+    name = f"{_safe(service_name)}-{_safe(job_id() or _start_stamp())}"
+    directory = os.path.abspath(os.path.join(settings.run_dir, name))
+    return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024)
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:96]
+
+
+def _start_stamp() -> str:
+    """The run's start: under a launcher (LOCAL_RANK set) the launcher's, which every
+    rank on the node shares; else this process's."""
+    started = time.time()
+    if local_rank() is not None:
+        started = _process_start(os.getppid()) or started
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+
+
+def _process_start(pid: int) -> float | None:
+    """A process's start time (Linux /proc), to the second."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        return None
+
+
+class RecordFile:
+    """One JSON Lines file with its size cap and rotation; thread-safe."""
+
+    def __init__(self, directory: Path, prefix: str, kind: str, part_bytes: int) -> None:
+        self._names = (directory, prefix, kind)
+        self.path = directory / part_name(prefix, kind)
+        self.part_bytes = max(4096, part_bytes)
+        self.dropped = 0  # batches (spans or metric points) not written
+        self._warned = False
+        self._lock = threading.Lock()
+        self._size = self.path.stat().st_size if self.path.exists() else 0
+
+    def write(self, line: str, items: int) -> bool:
+        data = line.encode()
+        with self._lock:
+            try:
+                if self._size and self._size + len(data) > self.part_bytes:
+                    self._rotate()
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "ab") as f:
+                    f.write(data)
+                self._size += len(data)
+                return True
+            except OSError as err:
+                self.dropped += items
+                if not self._warned:
+                    self._warned = True
+                    _log.warning(
+                        "otel-train: writing the run record %s failed (%s); training goes "
+                        "on, unwritten data is counted in otel_train.dropped"
+                        "{reason=run_record}",
+                        self.path,
+                        err,
+                    )
+                return False
+
+    def _rotate(self) -> None:
+        directory, prefix, kind = self._names
+
+        def part(i: int) -> Path:
+            return directory / part_name(prefix, kind, i)
+
+        part(KEEP_PARTS).unlink(missing_ok=True)
+        for i in range(KEEP_PARTS - 1, 0, -1):
+            if part(i).exists():
+                part(i).rename(part(i + 1))
+        self.path.rename(part(1))
+        self._size = 0
+
+
+def otlp_json(message: Any) -> str:
+    """One OTLP/JSON line: protobuf's JSON mapping, enums as integers, and trace and span
+    ids in hex as OTLP/JSON requires (protobuf's mapping writes bytes in base64)."""
+    import json
+
+    tree = MessageToDict(message, use_integers_for_enums=True)
+    _hex_ids(tree)
+    return json.dumps(tree, separators=(",", ":")) + "\n"
+
+
+def _hex_ids(node: Any) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            elif isinstance(value, (dict, list)):
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+
+
+class RecordSpanExporter(SpanExporter):
+    def __init__(self, file: RecordFile) -> None:
+        self.file = file
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        try:
+            line = otlp_json(encode_spans(spans))
+        except Exception:
+            _log.exception("otel-train: encoding spans for the run record failed")
+            self.file.dropped += len(spans)
+            return SpanExportResult.FAILURE
+        ok = self.file.write(line, len(spans))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        return None
+
+
+class RecordMetricExporter(MetricExporter):
+    def __init__(self, file: RecordFile) -> None:
+        super().__init__()
+        self.file = file
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+        points = _points(metrics_data)
+        try:
+            line = otlp_json(encode_metrics(metrics_data))
+        except Exception:
+            _log.exception("otel-train: encoding metrics for the run record failed")
+            self.file.dropped += points
+            return MetricExportResult.FAILURE
+        ok = self.file.write(line, points)
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def _points(metrics_data: Any) -> int:
+    return sum(
+        len(m.data.data_points)
+        for rm in metrics_data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    )
+
+
+def record_files(record: RecordPlan) -> tuple[RecordFile, RecordFile]:
+    """(traces, metrics) files of ``record``; spans get three quarters of the cap."""
+    base = Path(record.directory)
+    part = record.max_bytes // (KEEP_PARTS + 1)
+    traces = RecordFile(base, record.prefix, "traces", part * 3 // 4)
+    metrics = RecordFile(base, record.prefix, "metrics", part // 4)
+    return traces, metrics

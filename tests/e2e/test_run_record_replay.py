@@ -1,0 +1,98 @@
+"""A run record replayed into the real stack: a job trains with the embedded default (no
+endpoint, nothing but its run record to show), then ``otel-train replay`` sends the
+record to the Collector over OTLP/HTTP as it was written. Jaeger then holds the job's
+step traces with the recorded span ids, Prometheus its step counter with the recorded
+value, and every query of the training overview returns data for it.
+
+(The Collector's own ``otlpjsonfile`` receiver reads the same files, but the module is
+not served by this machine's Go module proxy; its OTLP/HTTP receiver parses the same
+OTLP/JSON, so this replay checks the format with the real Collector too.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stack_helpers import dashboard_queries, jaeger_traces, poll, prom, query_data, running_stack
+
+from otel_train import contract as c
+
+pytestmark = pytest.mark.stack
+
+JOB = textwrap.dedent("""
+    import sys, time, torch, otel_train
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
+    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=16)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, peak_tflops=0.5,
+                          run_dir=sys.argv[1], prometheus=False)
+    for _ in range(int(sys.argv[2])):
+        for batch in loader:
+            loss = torch.nn.functional.cross_entropy(model(batch["input_ids"]), batch["labels"])
+            opt.zero_grad(); loss.backward(); opt.step()
+            otel_train.record(loss=loss.detach())
+            time.sleep(0.02)
+    assert otel_train.shutdown()
+""")
+
+
+def _recorded_trace_ids(run: Path) -> set[str]:
+    ids = set()
+    for line in (run / "rank0.traces.jsonl").read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ids.update(s["traceId"] for s in ss["spans"] if s["name"] == c.STEP_SPAN.name)
+    return ids
+
+
+def test_a_run_record_replays_into_jaeger_and_prometheus(tmp_path: Path) -> None:
+    service = f"record-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_SERVICE_NAME"] = service
+    env["OTEL_TRAIN_CONSOLE"] = "off"
+    env["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"  # a snapshot a second in the record
+    runs = tmp_path / "runs"
+    job = subprocess.run([sys.executable, "-c", JOB, str(runs), "8"], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    (run,) = runs.iterdir()
+    assert run.name.startswith(f"{service}-")
+    recorded = _recorded_trace_ids(run)
+    assert recorded  # the sampled steps' traces
+    with running_stack(tmp_path / "stack") as stack:
+        start = time.time() - 600
+        endpoint = f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}"
+        replay = subprocess.run(
+            [sys.executable, "-m", "otel_train.cli", "replay", str(run), "--endpoint", endpoint],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert replay.returncode == 0, replay.stderr
+        assert "requests from 2 files" in replay.stdout
+
+        def traces() -> Any:
+            spans = jaeger_traces(stack, service, start)
+            found = {s["traceId"] for s in spans if s["name"] == c.STEP_SPAN.name}
+            return found if found >= recorded else None
+
+        assert poll(traces, "the replayed step traces in Jaeger", timeout=60) == recorded
+        steps = c.prometheus_names(c.STEPS)[0]
+
+        def counted() -> Any:
+            result = prom(stack, "/api/v1/query", query=f'{steps}{{job="{service}"}}')["result"]
+            return result if result and float(result[0]["value"][1]) == 8 * 16 else None
+
+        poll(counted, "the replayed step counter in Prometheus", timeout=60)
+        for title, expr in dashboard_queries("training-overview"):  # (rules: next evaluation)
+            poll(lambda e=expr: query_data(stack, e, service, start), title, timeout=60)
