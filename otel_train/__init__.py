@@ -18,7 +18,8 @@ Layers: each part imports only what its arrow names, plus the foundation (identi
 contract, settings); tests/unit/test_layering.py holds the same table and finds cycles::
 
     otel_train (this API) ─► session, adapters, recording
-    cli ─► otel_train            testing ─► session, export
+    cli ─► otel_train, runs      testing ─► session, export
+    runs ─► export               (reads run records: replay, report, timeline)
     session ─► sidecar, wiring, export, recording, debug, signals
     sidecar ─► wiring, export, recording (started by session alone)
     wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)

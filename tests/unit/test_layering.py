@@ -111,7 +111,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
     "session": BASE | {"signals", "debug", "recording", "export", "wiring", "sidecar"},
     "otel_train": BASE | {"session", "adapters", "recording"},  # the public API
-    "cli": BASE | {"otel_train"},
+    "runs": BASE | {"export"},  # reads run records (export/record.py writes them)
+    "cli": BASE | {"otel_train", "runs"},
     "testing": BASE | {"export", "session"},  # test helpers: providers, flush, reset
 }
 # Why the edges that matter most are absent: the message a violation carries.

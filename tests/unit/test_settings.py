@@ -42,6 +42,8 @@ BAD = {
     "profile_steps": ("12-10", "10-", "step range FIRST-LAST"),
     "memory_snapshot": ("always", "5-x", "'off', 'oom' or a step range"),
     "debug_dir": ("", "   ", "directory path"),
+    "run_dir": ("", "   ", "'off' or a directory path"),
+    "run_record_mb": (0, "big", "integer from 1 to"),
     "flops": ("measure", "on", "'count', 'estimate', 'off'"),
     "flops_per_step": (-1.0, "lots", "number from 0 to"),
     "flops_count_step": (-1, "second", "integer from 0 to"),
