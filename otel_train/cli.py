@@ -6,6 +6,8 @@ Usage::
     otel-train demo --otlp-endpoint http://127.0.0.1:4318 --steps 1000
     otel-train telemetry                  # print the telemetry reference (docs/telemetry.md)
     otel-train replay RUN_DIR             # send a run record to a Collector (OTLP/HTTP)
+    otel-train report RUN_DIR [-o FILE]   # one offline HTML page from a run record
+    otel-train report --serve RUN_DIR     # the same page on 127.0.0.1, refreshed
 """
 
 from __future__ import annotations
@@ -140,6 +142,26 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .runs import report
+
+    try:
+        if not args.serve:
+            print(f"otel-train report: wrote {report.write(args.run_dir, args.output)}")
+            return 0
+        server, thread = report.serve(args.run_dir, args.port)
+    except (OSError, ValueError) as err:
+        print(f"otel-train report: {err}", file=sys.stderr)
+        return 1
+    host, port = str(server.server_address[0]), server.server_address[1]
+    print(f"otel-train report: serving http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,11 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--endpoint", default=None,
                    help="OTLP/HTTP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT, else "
                    "http://127.0.0.1:4318)")  # fmt: skip
+    p = sub.add_parser("report", help="write (or serve) the HTML report of a run record")
+    p.add_argument("run_dir", help="a run directory otel-train wrote")
+    p.add_argument("-o", "--output", default=None, help="default RUN_DIR/report.html")
+    p.add_argument("--serve", action="store_true", help="serve it on 127.0.0.1 instead")
+    p.add_argument("--port", type=int, default=8150, help="with --serve (0: any free port)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)
     if args.command == "replay":
         return _replay(args)
+    if args.command == "report":
+        return _report(args)
     from .contract import render_markdown
 
     sys.stdout.write(render_markdown())

@@ -111,7 +111,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
     "session": BASE | {"signals", "debug", "recording", "export", "wiring", "sidecar"},
     "otel_train": BASE | {"session", "adapters", "recording"},  # the public API
-    "runs": BASE | {"export"},  # reads run records (export/record.py writes them)
+    "runs": BASE | {"export", "recording"},  # reads run records (export/record.py writes)
     "cli": BASE | {"otel_train", "runs"},
     "testing": BASE | {"export", "session"},  # test helpers: providers, flush, reset
 }

@@ -1,0 +1,141 @@
+"""What the report plots, computed from a run record (record_data.py).
+
+Time runs in bins of the record's metric interval from the run's first snapshot. Each
+rank's cumulative figures (histograms, counters) become per-bin deltas between its
+consecutive snapshots; the ranks are then combined per bin: step and phase times
+summed (their quantiles from the summed histograms), throughput summed, MFU, data
+stall and goodput averaged, peak memory the maximum, user scalars from the lowest rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import contract as c
+from .record_data import Histogram, RankRecord
+
+MIN_BIN_S = 1.0
+
+
+@dataclass
+class Binned:
+    """Per-bin values: ``x`` the bins' end times, one list per series."""
+
+    x: list[float]
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+
+
+def bin_width(ranks: list[RankRecord]) -> float:
+    gaps = [b.t - a.t for r in ranks for a, b in zip(r.snapshots, r.snapshots[1:], strict=False)]
+    gaps = sorted(g for g in gaps if g > 0)
+    return max(MIN_BIN_S, gaps[len(gaps) // 2]) if gaps else MIN_BIN_S
+
+
+def time_bins(ranks: list[RankRecord], width: float) -> tuple[float, int]:
+    """(start, number of bins) covering every snapshot."""
+    times = [s.t for r in ranks for s in r.snapshots]
+    if not times:
+        return 0.0, 0
+    start = min(times) - width  # the first snapshot closes the first bin
+    return start, int((max(times) - start) // width) + 1
+
+
+def _bin(t: float, start: float, width: float, n: int) -> int:
+    return min(n - 1, max(0, int((t - start) // width)))
+
+
+def deltas(rank: RankRecord, name: str) -> list[tuple[float, dict[tuple[Any, ...], Any]]]:
+    """(time, {attributes: delta}) of a cumulative metric between consecutive snapshots."""
+    out: list[tuple[float, dict[tuple[Any, ...], Any]]] = []
+    last: dict[tuple[Any, ...], Any] = {}
+    for snap in rank.snapshots:
+        step: dict[tuple[Any, ...], Any] = {}
+        for (metric, attrs), value in snap.values.items():
+            if metric != name:
+                continue
+            old = last.get(attrs)
+            if isinstance(value, Histogram):
+                step[attrs] = value.minus(old)
+            else:
+                step[attrs] = value - (old or 0.0)
+            last[attrs] = value
+        out.append((snap.t, step))
+    return out
+
+
+def histograms(ranks: list[RankRecord], name: str, start: float, width: float, n: int,
+               by: str | None = None) -> dict[str, list[Histogram | None]]:  # fmt: skip
+    """Per bin, the ranks' histogram deltas summed (by attribute ``by``, else one)."""
+    out: dict[str, list[Histogram | None]] = defaultdict(lambda: [None] * n)
+    for rank in ranks:
+        for t, step in deltas(rank, name):
+            i = _bin(t, start, width, n)
+            for attrs, h in step.items():
+                label = dict(attrs).get(by, "") if by else ""
+                col = out[str(label)]
+                col[i] = h if col[i] is None else _add(col[i], h)
+    return dict(out)
+
+
+def _add(a: Histogram | None, b: Histogram) -> Histogram:
+    if a is None or a.bounds != b.bounds:
+        return b
+    counts = [x + y for x, y in zip(a.counts, b.counts, strict=True)]
+    return Histogram(a.count + b.count, a.total + b.total, a.bounds, counts)
+
+
+def gauges(ranks: list[RankRecord], name: str, start: float, width: float, n: int,
+           how: str, by: str | None = None,
+           where: tuple[str, str] | None = None) -> dict[str, list[float | None]]:  # fmt: skip
+    """Per bin, a gauge's last value in the bin per rank, combined across ranks by ``how``
+    (sum, mean, max, first); ``where``: only points with that (attribute, value)."""
+    cells: dict[str, list[dict[int, float]]] = defaultdict(lambda: [{} for _ in range(n)])
+    for rank in ranks:
+        for snap in rank.snapshots:
+            i = _bin(snap.t, start, width, n)
+            for (metric, attrs), value in snap.values.items():
+                if metric == name and not isinstance(value, Histogram):
+                    if where is not None and dict(attrs).get(where[0]) != where[1]:
+                        continue
+                    label = str(dict(attrs).get(by, "")) if by else ""
+                    cells[label][i][rank.rank] = value
+    out: dict[str, list[float | None]] = {}
+    for label, col in cells.items():
+        out[label] = [_combine(cell, how) if cell else None for cell in col]
+    return out
+
+
+def _combine(cell: dict[int, float], how: str) -> float:
+    values = list(cell.values())
+    if how == "sum":
+        return sum(values)
+    if how == "max":
+        return max(values)
+    if how == "first":
+        return cell[min(cell)]
+    return sum(values) / len(values)
+
+
+def last_values(rank: RankRecord, name: str) -> dict[tuple[Any, ...], Any]:
+    """A metric's values in the rank's last snapshot that has it, by attributes."""
+    for snap in reversed(rank.snapshots):
+        found = {attrs: v for (metric, attrs), v in snap.values.items() if metric == name}
+        if found:
+            return found
+    return {}
+
+
+def step_quantiles(h: list[Histogram | None], q: float) -> list[float | None]:
+    return [x.quantile(q) if x is not None else None for x in h]
+
+
+def rank_step_means(ranks: list[RankRecord]) -> dict[int, float]:
+    """Each rank's mean step time over the run (its step histogram's sum / count)."""
+    out = {}
+    for rank in ranks:
+        (h,) = last_values(rank, c.STEP_DURATION.name).values() or (None,)
+        if isinstance(h, Histogram) and h.count > 0:
+            out[rank.rank] = h.total / h.count
+    return out
