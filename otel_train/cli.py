@@ -8,6 +8,7 @@ Usage::
     otel-train replay RUN_DIR             # send a run record to a Collector (OTLP/HTTP)
     otel-train report RUN_DIR [-o FILE]   # one offline HTML page from a run record
     otel-train report --serve RUN_DIR     # the same page on 127.0.0.1, refreshed
+    otel-train timeline RUN_DIR -o F.json # traced steps for Perfetto / chrome://tracing
 """
 
 from __future__ import annotations
@@ -187,7 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None, help="default RUN_DIR/report.html")
     p.add_argument("--serve", action="store_true", help="serve it on 127.0.0.1 instead")
     p.add_argument("--port", type=int, default=8150, help="with --serve (0: any free port)")
+    t = sub.add_parser("timeline", help="the traced steps as a Chrome trace (Perfetto)")
+    t.add_argument("run_dir", help="a run directory otel-train wrote")
+    t.add_argument("-o", "--output", default=None, help="default RUN_DIR/steps.json")
     args = parser.parse_args(argv)
+    if args.command == "timeline":
+        from .runs import timeline
+
+        try:
+            print(f"otel-train timeline: wrote {timeline.write(args.run_dir, args.output)}")
+        except (OSError, ValueError) as err:
+            print(f"otel-train timeline: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "demo":
         return demo(args)
     if args.command == "replay":

@@ -25,7 +25,9 @@ REFRESH_S = 5
 
 
 def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+    return (
+        resources.files(__package__).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+    )
 
 
 def _script_json(value: Any) -> str:
