@@ -94,6 +94,14 @@ class Session:
             self.publisher = consumer.publisher
             self.worker = consumer.worker
             self._prometheus_address = self.telemetry.prometheus_address
+        # Carriers name step spans whose ids the tracer takes (export/ids.py): the
+        # sidecar's own, or an SDK tracer here.
+        emitter = self.worker.emitter if self.worker is not None else None
+        self.recorder.carriers = (
+            self.exports_traces and settings.trace_steps != "none"
+            if self.feeder is not None
+            else emitter is not None and emitter.ids is not None
+        )
         self.instrumentations: dict[int, Instrumentation] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False

@@ -23,16 +23,18 @@ from .phases import PhaseMachine
 from .records import (
     COUNTS,
     ENTER,
+    ENTER_REMOTE,
     EXIT,
     L_KIND,
     L_STACK,
+    LINK,
     S_STEP,
     SCALARS,
     STEP_BEGIN,
     STEP_END,
     OpenStep,
 )
-from .scopes import BACKGROUND, CYCLE, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, EXPLICIT, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
 
 if TYPE_CHECKING:
@@ -227,8 +229,11 @@ class DeferredLog(PhaseMachine):
             self._transition_at(item[0], item[1], close, open_, begin, end)
             if counted and (item[3] is not None or item[4] is not None):
                 stack = item[0]
-                if stack is self.step_stack or not stack or stack[-1][S_STEP].mode != BACKGROUND:
-                    self._adapter_counts(item[3], item[4])  # (a background phase's: no step's)
+                top = stack[-1][S_STEP].mode if stack else EXPLICIT
+                if top < BACKGROUND or (top == BACKGROUND and stack is self.step_stack):
+                    self._adapter_counts(
+                        item[3], item[4]
+                    )  # (a background or remote tree's: no step's)
         elif kind == ENTER:  # (stack, t, ENTER, name)
             self._enter_at(item[3], item[1], item[0])
         elif kind == EXIT:  # (stack, t, EXIT, name, error)
@@ -241,6 +246,10 @@ class DeferredLog(PhaseMachine):
             self._add_scalars(item[3])
         elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens): a batch's counts
             self._adapter_counts(item[3], item[4])
+        elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
+            self._link_at(item[3])
+        elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None)
+            self._enter_at(item[3], item[1], item[0], self._remote_holder(item[1], item[4]))
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 
