@@ -32,17 +32,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .. import contract as c
-from ..identity import run_id
 from ..settings import Settings
 
 _log = logging.getLogger("otel_train")
 TRACEPARENT, BAGGAGE = "traceparent", "baggage"
 MAX_CARRIER = 512  # characters of a header read (a traceparent has 55)
-_HEX = frozenset("0123456789abcdef")
+_TRACEPARENT_RE = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _STEP, _RUN, _POLICY = c.STEP_INDEX.key, c.RESOURCE_JOB.key, c.POLICY_VERSION.key
 UNSET: Any = object()  # ``parent=`` not given (an explicit None is a bad carrier)
 
@@ -78,11 +78,13 @@ class StepLink(NamedTuple):
                    parent.policy_version)  # fmt: skip
 
 
-def carrier_dict(link: StepLink, step_index: int, policy_version: int | None) -> dict[str, str]:
-    """The carrier of ``link``'s step: its ``traceparent`` and ``baggage``."""
+def carrier_dict(
+    link: StepLink, step_index: int, run: str | None, policy_version: int | None
+) -> dict[str, str]:
+    """The carrier of ``link``'s step: its ``traceparent`` and ``baggage`` (``run``: this
+    run's id, if known)."""
     flags = "01" if link.sampled else "00"
     items = [f"{_STEP}={step_index}"]
-    run = run_id()
     if run is not None:
         items.append(f"{_RUN}={_escape(run)}")
     if policy_version is not None:
@@ -93,10 +95,11 @@ def carrier_dict(link: StepLink, step_index: int, policy_version: int | None) ->
     }
 
 
-def parse_carrier(carrier: Any) -> tuple[Parent | None, str]:
+def parse_carrier(carrier: Any, mine: str | None) -> tuple[Parent | None, str]:
     """(the parent a carrier names, "") or (None, why it names none): a mapping with a
     W3C ``traceparent`` (what :func:`carrier_dict` made, HTTP headers, ``os.environ``
-    with ``TRACEPARENT``) of this run, or a ``traceparent`` string itself."""
+    with ``TRACEPARENT``) of this run (``mine``: its id, if known), or a ``traceparent``
+    string itself."""
     if isinstance(carrier, str):
         carrier = {TRACEPARENT: carrier}
     if not isinstance(carrier, Mapping):
@@ -108,7 +111,7 @@ def parse_carrier(carrier: Any) -> tuple[Parent | None, str]:
     if ids is None:
         return None, f"no valid W3C traceparent in {dict(carrier)!r:.120}"
     baggage = _baggage(carrier.get(BAGGAGE, carrier.get(BAGGAGE.upper())))
-    run, mine = baggage.get(_RUN), run_id()
+    run = baggage.get(_RUN)
     if run is not None and mine is not None and run != _escape(mine):
         return None, f"a carrier from another run ({run!r}; this is {mine!r})"
     return Parent(*ids, _int(baggage.get(_STEP)), _int(baggage.get(_POLICY))), ""
@@ -117,17 +120,16 @@ def parse_carrier(carrier: Any) -> tuple[Parent | None, str]:
 def _traceparent(value: str) -> tuple[int, int, bool] | None:
     """(trace id, span id, sampled) of a W3C traceparent: version-traceid-spanid-flags,
     lowercase hex, ids not zero, version ff invalid (and 00 exactly four fields)."""
-    parts = value.strip()[:MAX_CARRIER].split("-")
-    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
+    found = _TRACEPARENT_RE.fullmatch(value[:MAX_CARRIER].strip())
+    if found is None:
         return None
-    if not all(_HEX.issuperset(p) for p in parts[:4]) or parts[0] == "ff":
+    version, trace, span, flags, rest = found.groups()
+    if version == "ff" or (version == "00" and rest):
         return None
-    if parts[0] == "00" and len(parts) != 4:
-        return None
-    trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
+    trace_id, span_id = int(trace, 16), int(span, 16)
     if not trace_id or not span_id:
         return None
-    return trace_id, span_id, bool(int(parts[3], 16) & 1)
+    return trace_id, span_id, bool(int(flags, 16) & 1)
 
 
 def _baggage(value: Any) -> dict[str, str]:

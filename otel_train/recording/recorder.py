@@ -33,6 +33,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from ..identity import run_id
 from ..settings import Settings
 from .deferred import DeferredLog
 from .links import UNSET, Parent, carrier_dict, parse_carrier, warn_bad_parent
@@ -122,6 +123,7 @@ class Recorder(DeferredLog):
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
         self._warned_parent = False  # a bad carrier is warned about once
+        self._run = run_id()  # this run's id, if known: carriers name it (links.py)
 
     # -- public scopes -------------------------------------------------------------
 
@@ -290,7 +292,7 @@ class Recorder(DeferredLog):
                 index = self._current.index if self._current is not None else -1
             if link is None:
                 return {}
-            return carrier_dict(link, index, clean_count(policy_version))
+            return carrier_dict(link, index, self._run, clean_count(policy_version))
         except Exception:
             self._fail()
             return {}
@@ -320,7 +322,7 @@ class Recorder(DeferredLog):
     def _parent_of(self, carrier: Any, where: str) -> Parent | None:
         """What ``carrier`` names, or None with one warning per session (links.py)."""
         try:
-            parent, why = parse_carrier(carrier)
+            parent, why = parse_carrier(carrier, self._run)
         except Exception:
             parent, why = None, "a carrier that could not be read"
         if parent is None and not self._warned_parent:
