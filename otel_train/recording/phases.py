@@ -35,6 +35,8 @@ class PhaseMachine(StepMachine):
     *background* phases: they never open, end or cycle a step. Each outermost one
     collects the phases nested in it in a holder (an OpenStep of mode BACKGROUND) and,
     when it ends, joins the step open then, or else the next step to end (machine.py).
+    A remote phase (links.py) on any thread is held the same way (mode REMOTE) and goes
+    to the worker on its own when it ends.
     """
 
     def _background(self, stack: list[list[Any]]) -> bool:
@@ -55,7 +57,7 @@ class PhaseMachine(StepMachine):
             step = self._current
             if holder is not None:
                 step = holder
-            elif stack and stack[-1][S_STEP] is not step and stack[-1][S_STEP].mode == REMOTE:
+            elif self.background_open and stack and stack[-1][S_STEP].mode == REMOTE:
                 step = stack[-1][S_STEP]  # nested in a remote phase: part of its tree
             elif stack is not self.step_stack and self._background(stack):
                 if stack:
@@ -188,15 +190,13 @@ class PhaseMachine(StepMachine):
         if not self.enabled:
             return
         try:
-            if (
-                stack
-                and stack[-1][S_STEP].mode >= BACKGROUND
-                and (stack is not self.step_stack or stack[-1][S_STEP].mode == REMOTE)
-            ):
-                # A hook inside a background or remote phase (a rollout calling the
-                # instrumented model): a phase of that tree, never a step's boundary.
-                self._background_transition(stack, t, close, open_)
-                return
+            if stack and (stack is not self.step_stack or self.background_open):
+                mode = stack[-1][S_STEP].mode  # (training thread: only while a tree is open)
+                if mode == REMOTE or (mode == BACKGROUND and stack is not self.step_stack):
+                    # A hook inside a background or remote phase (a rollout calling the
+                    # instrumented model): a phase of that tree, never a step's boundary.
+                    self._background_transition(stack, t, close, open_)
+                    return
             if close is not None and stack:
                 if type(close) is str:  # (the common case, inline)
                     if stack[-1][S_NAME] == close:
