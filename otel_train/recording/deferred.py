@@ -249,7 +249,8 @@ class DeferredLog(PhaseMachine):
         elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
             self._link_at(item[3])
         elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None)
-            self._enter_at(item[3], item[1], item[0], self._remote_holder(item[1], item[4]))
+            if self.enabled:  # (the holder counts as an open tree: only if entered)
+                self._enter_at(item[3], item[1], item[0], self._remote_holder(item[1], item[4]))
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 
