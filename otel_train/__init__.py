@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 from . import contract, session
 from .adapters import Instrumentation, kind_of, select
-from .recording.recorder import PhaseScope, StepScope
+from .recording.links import UNSET
+from .recording.recorder import PhaseScope, Recorder, RemotePhaseScope, StepScope
 from .recording.regions import RegionLog
 from .session import __version__
 from .settings import ConfigError, Settings
@@ -47,6 +48,7 @@ __all__ = [
     "Instrumentation",
     "Settings",
     "__version__",
+    "carrier",
     "configure",
     "contract",
     "flush",
@@ -144,16 +146,46 @@ def _recorder() -> Any:
     return None if current is None else current.recorder
 
 
-def phase(name: str) -> PhaseScope | _NullScope:
-    """``with otel_train.phase("rollout"):`` marks a phase of the current step."""
-    rec = _recorder()
-    return _NULL if rec is None else rec.phase(name)
+def phase(name: str, parent: Any = UNSET) -> PhaseScope | RemotePhaseScope | _NullScope:
+    """``with otel_train.phase("rollout"):`` marks a phase of the current step.
+
+    ``parent=carrier`` (what :func:`carrier` returned in the trainer's process): a
+    remote phase, timed and measured here and in this process's phase metrics, in no
+    step of this process; when the carrier is sampled its span is a child of the
+    trainer's step span, in that trace. A bad carrier (None, empty, malformed, from
+    another run) gives the phase without a trace, and one warning."""
+    rec: Recorder | None = _recorder()
+    if rec is None:
+        return _NULL
+    return rec.phase(name) if parent is UNSET else rec.remote_phase(name, parent)
 
 
-def step(samples: int | None = None, tokens: int | None = None) -> StepScope | _NullScope:
-    """``with otel_train.step(samples=..., tokens=...):`` marks one training step."""
+def step(
+    samples: int | None = None, tokens: int | None = None, parent: Any = UNSET
+) -> StepScope | _NullScope:
+    """``with otel_train.step(samples=..., tokens=...):`` marks one training step.
+
+    ``parent=carrier``: the step's span joins that trace, a child of the other
+    process's step span, when the carrier is sampled (else it is a trace of its own)."""
     rec = _recorder()
-    return _NULL if rec is None else rec.step(samples, tokens)
+    return _NULL if rec is None else rec.step(samples, tokens, parent)
+
+
+def carrier(policy_version: int | None = None) -> dict[str, str]:
+    """The W3C trace context of the step open now, for another process's
+    ``otel_train.phase(name, parent=...)`` (or ``step(parent=...)``).
+
+    A small dict of strings (send it through a queue, a pipe, an RPC; any OTel
+    propagator reads it too): ``traceparent`` names this step's span and says whether
+    the trace is kept, ``baggage`` holds the step index, the run id and
+    ``policy_version`` if given. Empty when no step is open. The first carrier and then
+    at most one per ``trace_window_seconds`` are sampled (every one with
+    ``trace_steps="all"``, none with ``"none"``): this step then becomes a trace, and
+    the remote phases under it export spans; under the others they feed metrics only."""
+    current = session.current()
+    if current is None or current.closed or session.forked_child:
+        return {}
+    return current.recorder.carrier(policy_version)
 
 
 def region(kind: str) -> Any:

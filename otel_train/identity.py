@@ -9,6 +9,7 @@ a Kubernetes Indexed Job's.
 - local rank (on the node): ``LOCAL_RANK``, ``SLURM_LOCALID``; else None.
 - node rank: ``GROUP_RANK``, ``SLURM_NODEID``, ``JOB_COMPLETION_INDEX``; else None.
 - world size: ``WORLD_SIZE``, ``SLURM_NTASKS``; else None.
+- run id: ``OTEL_TRAIN_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``, ``K8S_JOB_NAME``.
 
 Standard library only, and it imports nothing else from otel-train, so that the debug
 components load without the rest of the package.
@@ -60,4 +61,13 @@ def world_size() -> int | None:
     return env_int("WORLD_SIZE", "SLURM_NTASKS")
 
 
-__all__ = ["env_int", "env_str", "local_rank", "node_rank", "rank", "world_size"]
+def run_id() -> str | None:
+    """The job/run id: ``OTEL_TRAIN_RUN_ID``, torchrun's ``TORCHELASTIC_RUN_ID`` (its
+    static rendezvous leaves it at "none"), ``SLURM_JOB_ID``, ``K8S_JOB_NAME``; or None."""
+    elastic = env_str("TORCHELASTIC_RUN_ID")
+    if elastic == "none":
+        elastic = None
+    return env_str("OTEL_TRAIN_RUN_ID") or elastic or env_str("SLURM_JOB_ID", "K8S_JOB_NAME")
+
+
+__all__ = ["env_int", "env_str", "local_rank", "node_rank", "rank", "run_id", "world_size"]

@@ -99,6 +99,14 @@ class Session:
         if self.record is not None and prints_console(settings, rank()):
             out = sys.stdout if settings.console == "stdout" else sys.stderr
             print(f"otel-train: run record in {self.record.directory}", file=out, flush=True)
+        # Carriers name step spans whose ids the tracer takes (export/ids.py): the
+        # sidecar's own, or an SDK tracer here.
+        emitter = self.worker.emitter if self.worker is not None else None
+        self.recorder.carriers = (
+            self.exports_traces and settings.trace_steps != "none"
+            if self.feeder is not None
+            else emitter is not None and emitter.ids is not None
+        )
         self.instrumentations: dict[int, Instrumentation] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False

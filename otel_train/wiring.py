@@ -15,6 +15,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from . import contract as c
+from .export.ids import id_choice
 from .export.setup import Telemetry
 from .identity import world_size
 from .recording.aggregate import MetricsAggregator
@@ -65,7 +66,11 @@ def build_consumer(
     if t.tracer_provider is not None and settings.trace_steps != "none":
         tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version)
         emitter = SpanEmitter(
-            tracer, rank, offset_ns, debug.step_events if debug is not None else None
+            tracer,
+            rank,
+            offset_ns,
+            debug.step_events if debug is not None else None,
+            ids=id_choice(tracer),
         )
     sampler = StepSampler(
         settings.trace_steps,

@@ -30,8 +30,10 @@ STEP_SAMPLED_BECAUSE = AttributeSpec(
     "string",
     "",
     "Why this step became a trace: all, slowest, error, first (the first step of each "
-    "instrumentation), shape (the first step of a step shape not seen before) or debug (a "
-    "profiled step or the end of a memory-snapshot window).",
+    "instrumentation), shape (the first step of a step shape not seen before), debug (a "
+    "profiled step or the end of a memory-snapshot window), carrier (it handed out a "
+    "sampled otel_train.carrier(): other processes' spans are in its trace) or parent (a "
+    "step(parent=carrier) under a sampled carrier: a child of the other process's step).",
 )
 STEP_THROUGHPUT_SAMPLES = AttributeSpec(
     "otel_train.step.throughput.samples", "double", "{sample}/s", "Samples / host step time."
@@ -122,6 +124,13 @@ PHASE_ALLOC_RETRIES = AttributeSpec(
     "{retry}",
     "cudaMalloc retries (allocator cache flushes) during the phase. Absent without CUDA.",
 )
+POLICY_VERSION = AttributeSpec(
+    "otel_train.policy_version",
+    "int",
+    "",
+    "On a remote phase's span (phase(name, parent=carrier)): the policy version the "
+    "trainer passed to otel_train.carrier(policy_version=...). Absent when not given.",
+)
 PHASE_OOMS = AttributeSpec(
     "otel_train.phase.memory.ooms",
     "int",
@@ -150,6 +159,13 @@ RESOURCE_NODE_RANK = AttributeSpec(
     "",
     "Resource: index of the node (GROUP_RANK, SLURM_NODEID, JOB_COMPLETION_INDEX).",
 )
+RESOURCE_ROLE = AttributeSpec(
+    "otel_train.role",
+    "string",
+    "",
+    "Resource: the process's part in the job, from the role setting (trainer, generator, "
+    "...). Absent when not set.",
+)
 RESOURCE_ATTRIBUTES = (
     AttributeSpec(
         "service.name",
@@ -173,6 +189,7 @@ RESOURCE_ATTRIBUTES = (
     RESOURCE_WORLD_SIZE,
     RESOURCE_NODE_RANK,
     RESOURCE_JOB,
+    RESOURCE_ROLE,
     AttributeSpec("k8s.pod.name", "string", "", "K8S_POD_NAME (downward API), when set."),
     AttributeSpec("k8s.namespace.name", "string", "", "K8S_NAMESPACE_NAME, when set."),
     AttributeSpec("k8s.node.name", "string", "", "K8S_NODE_NAME (spec.nodeName), when set."),

@@ -13,6 +13,7 @@ from .attributes import (
     PHASE_PEAK_ALLOCATED,
     PHASE_PEAK_RESERVED,
     PHASE_PEAK_UTILIZATION,
+    POLICY_VERSION,
     RANK,
     STEP_DATA_STALL,
     STEP_DEVICE_DURATION,
@@ -36,7 +37,8 @@ from .specs import SpanSpec
 
 STEP_SPAN = SpanSpec(
     "otel_train.step",
-    "One training step (root of its own trace). Start: first host boundary; end: the later "
+    "One training step (root of its own trace, or a child of another process's step "
+    "with step(parent=carrier)). Start: first host boundary; end: the later "
     "of host exit and the last device event.",
     (
         STEP_INDEX,
@@ -60,7 +62,10 @@ PHASE_SPAN = SpanSpec(
     "<phase name>",
     "One phase (data, forward, backward, optimizer, rollout, ...), child of its step or of "
     "the enclosing phase. Named after the phase. Status ERROR and an `exception` event when "
-    f"the phase raised; an `{OOM_EVENT}` event on a CUDA out-of-memory error.",
+    f"the phase raised; an `{OOM_EVENT}` event on a CUDA out-of-memory error. A remote "
+    "phase (phase(name, parent=carrier) in another process) is a child of the trainer's "
+    "step span, in its trace, with its own process's resource, exported only when the "
+    "carrier is sampled; its otel_train.step.index is the trainer's step.",
     (
         PHASE_NAME,
         STEP_INDEX,
@@ -72,6 +77,7 @@ PHASE_SPAN = SpanSpec(
         PHASE_PEAK_UTILIZATION,
         PHASE_ALLOC_RETRIES,
         PHASE_OOMS,
+        POLICY_VERSION,
     ),
 )
 SPANS = (STEP_SPAN, PHASE_SPAN)

@@ -30,9 +30,8 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from ..identity import local_rank, rank
+from ..identity import local_rank, rank, run_id
 from ..settings import Settings
-from .resource import job_id
 
 _log = logging.getLogger("otel_train")
 
@@ -61,7 +60,7 @@ class RecordPlan:
 def plan(settings: Settings, service_name: str) -> RecordPlan | None:
     if settings.run_dir == "off":
         return None
-    name = f"{_safe(service_name)}-{_safe(job_id() or _start_stamp())}"
+    name = f"{_safe(service_name)}-{_safe(run_id() or _start_stamp())}"
     directory = os.path.abspath(os.path.join(settings.run_dir, name))
     return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024)
 

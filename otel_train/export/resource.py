@@ -24,7 +24,7 @@ import uuid
 from opentelemetry.sdk.resources import Resource
 
 from .. import contract as c
-from ..identity import env_int, env_str, local_rank, node_rank, rank, world_size
+from ..identity import env_int, env_str, local_rank, node_rank, rank, run_id, world_size
 from ..settings import DEFAULT_SERVICE_NAME, Settings
 
 # The ranks are read in identity.py; re-exported here under their old names.
@@ -35,7 +35,6 @@ __all__ = [
     "env_str",
     "host_name",
     "instance_id",
-    "job_id",
     "local_rank",
     "metrics_port",
     "node_rank",
@@ -58,21 +57,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def job_id() -> str | None:
-    # torchrun's static rendezvous (--master_addr) leaves TORCHELASTIC_RUN_ID at "none".
-    elastic = env_str("TORCHELASTIC_RUN_ID")
-    if elastic == "none":
-        elastic = None
-    return env_str("OTEL_TRAIN_RUN_ID") or elastic or env_str("SLURM_JOB_ID", "K8S_JOB_NAME")
-
-
 def rank_attributes() -> dict[str, object]:
     attrs: dict[str, object] = {c.RESOURCE_RANK.key: rank()}
     optional: dict[str, object | None] = {
         c.RESOURCE_LOCAL_RANK.key: local_rank(),
         c.RESOURCE_WORLD_SIZE.key: world_size(),
         c.RESOURCE_NODE_RANK.key: node_rank(),
-        c.RESOURCE_JOB.key: job_id(),
+        c.RESOURCE_JOB.key: run_id(),
         "k8s.pod.name": env_str("K8S_POD_NAME"),
         "k8s.namespace.name": env_str("K8S_NAMESPACE_NAME"),
         "k8s.node.name": env_str("K8S_NODE_NAME"),
@@ -101,6 +92,8 @@ def build_resource(settings: Settings) -> Resource:
         "host.name": host_name(),
         **ranks,
     }
+    if settings.role:
+        attrs[c.RESOURCE_ROLE.key] = settings.role
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     elif not _environment_names_service():

@@ -108,14 +108,15 @@ class StepBlock:
     padding included, adapters/batches.py), ``scalars`` (each step's, or
     None when no step has any), ``durations`` (span extent in ns, device times included),
     ``device_seconds`` (None for a host-only block), ``errors`` (offsets of steps that
-    raised). Per phase row of the shape: ``phase_seconds[r]`` (device seconds where
-    measured) and ``memory[r]`` (None when no row has memory figures).
+    raised), ``linked`` (offsets of steps in a sampled trace across processes, links.py;
+    a recognised step has none). Per phase row of the shape: ``phase_seconds[r]`` (device
+    seconds where measured) and ``memory[r]`` (None when no row has memory figures).
     """
 
     __slots__ = ("_data", "_entries", "_steps", "_times", "device_seconds", "durations",
-                 "efficiency", "ends", "errors", "first", "k", "memory", "padded",
-                 "phase_seconds", "samples", "scalars", "seconds", "shape", "starts", "template",
-                 "tokens")  # fmt: skip
+                 "efficiency", "ends", "errors", "first", "k", "linked", "memory", "padded",
+                 "phase_seconds", "samples", "scalars", "seconds", "shape", "starts",
+                 "template", "tokens")  # fmt: skip
 
     def __init__(
         self,
@@ -137,6 +138,7 @@ class StepBlock:
         self._data: list[float] | None = None
         self.memory: list[list[Any]] | None = None
         self.errors: list[int] = []
+        self.linked: list[int] = []  # steps traced for their trace across processes
         self.device_seconds: list[float | None] | None = None
 
     # -- resolved steps ------------------------------------------------------------------
@@ -158,6 +160,7 @@ class StepBlock:
         if any(row[P_MEMORY] is not None for r in rows for row in r):
             block.memory = [[r[i][P_MEMORY] for r in rows] for i in range(len(shape.names))]
         block.errors = [i for i, s in enumerate(steps) if s.error]
+        block.linked = [i for i, s in enumerate(steps) if s.link is not None and s.link.sampled]
         if any(s.device_seconds is not None for s in steps):
             block.device_seconds = [s.device_seconds for s in steps]
         block.scalars = [s.scalars for s in steps] if any(s.scalars for s in steps) else None

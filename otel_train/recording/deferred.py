@@ -23,16 +23,18 @@ from .phases import PhaseMachine
 from .records import (
     COUNTS,
     ENTER,
+    ENTER_REMOTE,
     EXIT,
     L_KIND,
     L_STACK,
+    LINK,
     S_STEP,
     SCALARS,
     STEP_BEGIN,
     STEP_END,
     OpenStep,
 )
-from .scopes import BACKGROUND, CYCLE, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, EXPLICIT, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
 
 if TYPE_CHECKING:
@@ -227,8 +229,10 @@ class DeferredLog(PhaseMachine):
             self._transition_at(item[0], item[1], close, open_, begin, end)
             if counted and (item[3] is not None or item[4] is not None):
                 stack = item[0]
-                if stack is self.step_stack or not stack or stack[-1][S_STEP].mode != BACKGROUND:
-                    self._adapter_counts(item[3], item[4], item[5])  # (background: none)
+                top = stack[-1][S_STEP].mode if stack else EXPLICIT
+                if top < BACKGROUND or (top == BACKGROUND and stack is self.step_stack):
+                    # (a background or remote tree's batch counts for no step)
+                    self._adapter_counts(item[3], item[4], item[5])
         elif kind == ENTER:  # (stack, t, ENTER, name)
             self._enter_at(item[3], item[1], item[0])
         elif kind == EXIT:  # (stack, t, EXIT, name, error)
@@ -241,6 +245,11 @@ class DeferredLog(PhaseMachine):
             self._add_scalars(item[3])
         elif kind == COUNTS:  # (None, 0, COUNTS, samples, tokens, padded): a batch's
             self._adapter_counts(item[3], item[4], item[5])
+        elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
+            self._link_at(item[3])
+        elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None)
+            if self.enabled:  # (the holder counts as an open tree: only if entered)
+                self._enter_at(item[3], item[1], item[0], self._remote_holder(item[1], item[4]))
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 

@@ -20,10 +20,11 @@ import torch
 
 from ..settings import ConfigError, Settings
 from .device import EventPool
+from .links import CarrierGate, Parent, StepLink, new_ids
 from .memory import CudaMemoryTracker
-from .records import P_EV0, P_EV1, P_NAME, P_PARENT, P_SEQ, OpenStep, new_stack
+from .records import P_EV0, P_EV1, P_NAME, P_PARENT, P_SEQ, P_T1, OpenStep, new_stack
 from .resolved import HOST_PHASES
-from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_ORPHANS, MAX_STACK
+from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_ORPHANS, MAX_STACK, REMOTE
 from .values import add_count
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class StepMachine:
         # hand them on when it returns (DeferredLog.on_backlog).
         self._steps_limit = INT64_MAX
         self._due = False
+        # Whether carriers may say sampled: step spans leave here and take the ids a
+        # carrier names (the session sets it), and which of them do (links.py).
+        self.carriers = False
+        self._gate = CarrierGate(settings)
         if settings.device_timing == "cuda" and not torch.cuda.is_available():
             raise ConfigError(
                 "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
@@ -189,6 +194,11 @@ class StepMachine:
             self._home(orphans.popleft(), step)
         if self._debug is not None:
             self._debug.step_ended(step.index)
+        self._queue(step)
+
+    def _queue(self, step: OpenStep) -> None:
+        """A finished step (or remote tree) waits for the worker; the oldest is dropped
+        past ``max_pending``."""
         pending = self._pending
         if len(pending) >= self.max_pending:
             try:
@@ -205,8 +215,15 @@ class StepMachine:
 
     def _tree_done(self, holder: OpenStep) -> None:
         """A background thread's outermost phase ended: its tree joins the open step, or
-        else waits (bounded) for the next step to end."""
+        else waits (bounded) for the next step to end. A remote phase's tree goes to the
+        worker on its own, like a step (its rows and events are resolved alike)."""
         self.background_open -= 1
+        if holder.mode == REMOTE:
+            holder.t1 = holder.phases[-1][P_T1]  # (the outermost phase: it ended last)
+            holder.ev1 = self.events.record() if holder.ev0 is not None else None
+            holder.closed = True
+            self._queue(holder)
+            return
         step = self._current
         if step is not None:
             self._home(holder, step)
@@ -318,6 +335,42 @@ class StepMachine:
             step.scalars.extend(items)
         else:
             self.loose_scalars.extend(items)
+
+    def _own_link(self, t: int) -> StepLink | None:
+        """The open step's link, with its span's ids chosen now if they were not: what
+        a carrier handed out names (Recorder.carrier)."""
+        step = self._current
+        if step is None:
+            return None
+        link = step.link
+        if link is None:
+            trace_id, span_id = new_ids()
+            sampled = self.carriers and self._gate.sampled(t)
+            link = step.link = StepLink(trace_id, span_id, 0, sampled)
+        elif not link.span_id:  # it joined another process's trace: a span of that trace
+            link = step.link = link._replace(span_id=new_ids(link.trace_id)[1])
+        return link
+
+    def _link_at(self, parent: tuple[Any, ...]) -> None:
+        """The open step joins the trace ``parent`` (links.Parent's fields) names, as a
+        child of its span, if sampled there; the first link of a step stands."""
+        step = self._current
+        if step is not None and step.link is None and parent[2]:
+            step.link = StepLink.under(Parent(*parent))
+
+    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None) -> OpenStep:
+        """The tree of a remote phase entered at ``t``: in no step here; a span in the
+        trace ``parent`` names if sampled there, else metrics only (links.py)."""
+        if self._want_cuda and not self._cuda:
+            self._refresh_cuda()
+        if self._cuda:
+            holder = OpenStep(-1, t, REMOTE, self.events.record(), torch.cuda.current_device())
+        else:
+            holder = OpenStep(-1, t, REMOTE, None, None)
+        if parent is not None and parent[2]:
+            holder.link = StepLink.under(Parent(*parent))
+        self.background_open += 1
+        return holder
 
     def _discard_if_only(self, name: str) -> None:
         step = self._current

@@ -24,7 +24,7 @@ from .records import (
     describe_exception,
 )
 from .resolved import HOST_PHASES
-from .scopes import ADAPTER, BACKGROUND, CYCLE, MAX_STACK
+from .scopes import ADAPTER, BACKGROUND, CYCLE, MAX_STACK, REMOTE
 
 
 class PhaseMachine(StepMachine):
@@ -35,6 +35,8 @@ class PhaseMachine(StepMachine):
     *background* phases: they never open, end or cycle a step. Each outermost one
     collects the phases nested in it in a holder (an OpenStep of mode BACKGROUND) and,
     when it ends, joins the step open then, or else the next step to end (machine.py).
+    A remote phase (links.py) on any thread is held the same way (mode REMOTE) and goes
+    to the worker on its own when it ends.
     """
 
     def _background(self, stack: list[list[Any]]) -> bool:
@@ -44,12 +46,20 @@ class PhaseMachine(StepMachine):
             return stack.__class__ is not MainPhaseStack
         return stack is not owner
 
-    def _enter_at(self, name: str, t: int, stack: list[list[Any]]) -> None:
+    def _enter_at(
+        self, name: str, t: int, stack: list[list[Any]], holder: OpenStep | None = None
+    ) -> None:
+        """Enter ``name`` on ``stack`` at ``t``: in the open step, the background or
+        remote tree open on the stack, or ``holder`` (a remote tree it begins)."""
         if not self.enabled:
             return
         try:
             step = self._current
-            if stack is not self.step_stack and self._background(stack):
+            if holder is not None:
+                step = holder
+            elif self.background_open and stack and stack[-1][S_STEP].mode == REMOTE:
+                step = stack[-1][S_STEP]  # nested in a remote phase: part of its tree
+            elif stack is not self.step_stack and self._background(stack):
                 if stack:
                     step = stack[-1][S_STEP]
                 else:
@@ -147,7 +157,7 @@ class PhaseMachine(StepMachine):
             # Host seconds; a phase with events gets its device seconds on the worker.
             seconds = (t - t0) / 1e9 if t > t0 else 0.0
             step.phases.append((seq, parent, entry[S_NAME], t0, t, ev0, ev, memory, error, seconds))
-            if step.mode == BACKGROUND and (not stack or stack[-1][S_STEP] is not step):
+            if step.mode >= BACKGROUND and (not stack or stack[-1][S_STEP] is not step):
                 self._tree_done(step)
         except Exception:
             self._fail()
@@ -164,7 +174,7 @@ class PhaseMachine(StepMachine):
         else:
             seconds = (t - t0) / 1e9 if t > t0 else 0.0
             owner.phases.append((seq, parent, name, t0, t, None, None, None, None, seconds))
-            if owner.mode == BACKGROUND and (not stack or stack[-1][S_STEP] is not owner):
+            if owner.mode >= BACKGROUND and (not stack or stack[-1][S_STEP] is not owner):
                 self._tree_done(owner)
 
     def _transition_at(
@@ -180,11 +190,13 @@ class PhaseMachine(StepMachine):
         if not self.enabled:
             return
         try:
-            if stack is not self.step_stack and stack and stack[-1][S_STEP].mode == BACKGROUND:
-                # A hook inside a background phase (a rollout calling the instrumented
-                # model): a phase of that background tree, never a step's boundary.
-                self._background_transition(stack, t, close, open_)
-                return
+            if stack and (stack is not self.step_stack or self.background_open):
+                mode = stack[-1][S_STEP].mode  # (training thread: only while a tree is open)
+                if mode == REMOTE or (mode == BACKGROUND and stack is not self.step_stack):
+                    # A hook inside a background or remote phase (a rollout calling the
+                    # instrumented model): a phase of that tree, never a step's boundary.
+                    self._background_transition(stack, t, close, open_)
+                    return
             if close is not None and stack:
                 if type(close) is str:  # (the common case, inline)
                     if stack[-1][S_NAME] == close:

@@ -33,13 +33,17 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from ..identity import run_id
 from ..settings import Settings
 from .deferred import DeferredLog
+from .links import UNSET, Parent, carrier_dict, parse_carrier, warn_bad_parent
 from .records import (
     COUNTS,
     DISCARD,
     ENTER,
+    ENTER_REMOTE,
     EXIT,
+    LINK,
     S_NAME,
     SCALARS,
     STEP_BEGIN,
@@ -63,6 +67,7 @@ from .scopes import (
     MAX_STACK,
     Boundary,
     PhaseScope,
+    RemotePhaseScope,
     StepScope,
     boundary,
 )
@@ -86,6 +91,7 @@ __all__ = [
     "PhaseScope",
     "PhaseStack",
     "Recorder",
+    "RemotePhaseScope",
     "StepScope",
     "boundary",
     "describe_exception",
@@ -116,6 +122,8 @@ class Recorder(DeferredLog):
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
+        self._warned_parent = False  # a bad carrier is warned about once
+        self._run = run_id()  # this run's id, if known: carriers name it (links.py)
 
     # -- public scopes -------------------------------------------------------------
 
@@ -128,8 +136,16 @@ class Recorder(DeferredLog):
                 self._scopes[name] = scope
         return scope
 
-    def step(self, samples: int | None = None, tokens: int | None = None) -> StepScope:
-        return StepScope(self, clean_count(samples), clean_count(tokens))
+    def remote_phase(self, name: str, parent: Any) -> RemotePhaseScope:
+        """A phase of another process's step, named by its carrier (links.py)."""
+        return RemotePhaseScope(self, clean_name(name), self._parent_of(parent, "phase"))
+
+    def step(
+        self, samples: int | None = None, tokens: int | None = None, parent: Any = UNSET
+    ) -> StepScope:
+        """``parent``: a carrier from another process: the step joins that trace."""
+        link = None if parent is UNSET else self._parent_of(parent, "step")
+        return StepScope(self, clean_count(samples), clean_count(tokens), link)
 
     # -- phases ----------------------------------------------------------------------
 
@@ -260,6 +276,59 @@ class Recorder(DeferredLog):
             self._record((self._tls_stack(), perf_counter_ns(), STEP_END), self._defer)
         except Exception:
             self._fail()
+
+    # -- traces across processes (links.py) ----------------------------------------------
+
+    def carrier(self, policy_version: int | None = None) -> dict[str, str]:
+        """The open step's carrier, its span's ids chosen now if they were not; empty
+        when no step is open (links.py)."""
+        if not self.enabled:
+            return {}
+        try:
+            t = perf_counter_ns()
+            with self._lock:
+                self._settle()
+                link = self._own_link(t)
+                index = self._current.index if self._current is not None else -1
+            if link is None:
+                return {}
+            return carrier_dict(link, index, self._run, clean_count(policy_version))
+        except Exception:
+            self._fail()
+            return {}
+
+    def join(self, parent: Parent) -> None:
+        """The open step becomes a child of the span ``parent`` names (logged)."""
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            self._record((None, 0, LINK, tuple(parent)), self._defer)
+        except Exception:
+            self._fail()
+
+    def enter_remote(self, name: str, parent: Parent | None) -> None:
+        """Enter a remote phase (its own tree, in no step here: links.py)."""
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            item = (self._tls_stack(), perf_counter_ns(), ENTER_REMOTE, name,
+                    tuple(parent) if parent is not None else None)  # fmt: skip
+            self._record(item, self._defer)
+        except Exception:
+            self._fail()
+
+    def _parent_of(self, carrier: Any, where: str) -> Parent | None:
+        """What ``carrier`` names, or None with one warning per session (links.py)."""
+        try:
+            parent, why = parse_carrier(carrier, self._run)
+        except Exception:
+            parent, why = None, "a carrier that could not be read"
+        if parent is None and not self._warned_parent:
+            self._warned_parent = True
+            warn_bad_parent(why, where)
+        return parent
 
     # -- counts ------------------------------------------------------------------------
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .scopes import CYCLE, MAX_MESSAGE
+
+if TYPE_CHECKING:
+    from .links import StepLink
 
 # A phase stack entry (a list, mutated while the phase is open):
 # [name, seq, parent seq (-1: none), host t0, start event, the step it belongs to,
@@ -34,7 +37,7 @@ from .scopes import CYCLE, MAX_MESSAGE
 L_STACK, L_TIME, L_KIND = range(3)
 # An adapter boundary's kind is the boundary itself (a tuple from ``scopes.boundary()``);
 # the other kinds are these (their payloads are listed in DeferredLog._replay).
-ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD = range(7)
+ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD, LINK, ENTER_REMOTE = range(9)
 
 
 class PhaseStack(list):  # type: ignore[type-arg]
@@ -93,6 +96,7 @@ class OpenStep:
         "ev0",
         "ev1",
         "index",
+        "link",
         "mode",
         "padded",
         "phases",
@@ -124,6 +128,7 @@ class OpenStep:
         self.scalars: list[tuple[str, Any]] | None = None
         self.closed = False
         self.device = device
+        self.link: StepLink | None = None  # its place in a trace across processes
 
 
 def describe_exception(exc_type: type[BaseException], exc: BaseException | None) -> tuple[Any, ...]:

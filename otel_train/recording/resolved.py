@@ -6,7 +6,10 @@ Times are ``perf_counter_ns`` values; durations are seconds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .links import StepLink
 
 # Phases that run on the host by nature: timed with the host clock, no CUDA events.
 HOST_PHASES = frozenset({"data"})
@@ -63,6 +66,7 @@ class ResolvedStep:
         "host_seconds",
         "host_start",
         "index",
+        "link",
         "padded",
         "rows",
         "sampled_because",
@@ -93,6 +97,7 @@ class ResolvedStep:
         self.error = False
         self.sampled_because = ""
         self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
+        self.link: StepLink | None = None  # when the step's trace crosses processes
 
     @property
     def phases(self) -> list[ResolvedPhase]:

@@ -4,8 +4,10 @@ Metrics and console tables see every step; spans cost ~20 us each in the Python
 SDK, so by default only a sample of steps is traced: per window (``trace_window``
 steps or ``trace_window_seconds``, whichever closes first) the ``trace_slowest``
 slowest steps, plus every step that raised, the first step of each instrumentation
-(the run's first step among them) and the first step of each step shape not seen
-before (at most ``MAX_NEW_SHAPES`` a run). ``all`` traces every step, ``none`` none.
+(the run's first step among them), the first step of each step shape not seen
+before (at most ``MAX_NEW_SHAPES`` a run) and every step in a sampled trace across
+processes (links.py: it handed out a sampled carrier, or joined one). ``all`` traces
+every step, ``none`` none.
 
 The step whose FLOPs were counted is no candidate for the slowest: counting makes it
 slow (tens of ms), and a trace of it says nothing about training.
@@ -90,13 +92,18 @@ class StepSampler:
 
     def _special(self, block: StepBlock) -> dict[int, str]:
         """Offsets of a block's steps traced whatever their time, with the reason: the
-        run's first step, a step that raised, a step the debug tools asked for."""
+        run's first step, a step that raised, a step in a sampled trace across processes,
+        a step the debug tools asked for."""
         special: dict[int, str] = {}
         end = block.first + block.k
         while self._first_from and self._first_from[0] < end:
             special[max(0, self._first_from.pop(0) - block.first)] = "first"
         for x in block.errors:
             special.setdefault(x, "error")
+        for x in block.linked:  # (the other process's part of the trace needs this one)
+            link = block.step(x).link
+            assert link is not None
+            special.setdefault(x, link.reason)
         key = block.shape.key
         if key not in self._shapes and len(self._shapes) < MAX_NEW_SHAPES:
             self._shapes.add(key)

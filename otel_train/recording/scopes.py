@@ -10,14 +10,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from .links import Parent
     from .recorder import Recorder
 
 # How an open step is closed.
 EXPLICIT = 0  # by the end of ``with step()`` or the adapter's step method
 CYCLE = 1  # opened by a bare phase(): closed when a top-level phase name repeats
 ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer step)
-# Not a step: what holds a background thread's phases until they join one (phases.py).
+# Not steps: what holds a background thread's phases until they join one (phases.py),
+# and a remote phase's tree, a span in another process's trace (links.py).
 BACKGROUND = 3
+REMOTE = 4
 
 MAX_NAME = 128
 MAX_MESSAGE = 1024
@@ -75,16 +78,40 @@ class PhaseScope:
         return False
 
 
-class StepScope:
-    __slots__ = ("_rec", "_samples", "_tokens")
+class RemotePhaseScope:
+    """``with recorder.phase(name, parent=carrier):`` a phase of another process's step."""
 
-    def __init__(self, rec: Recorder, samples: int | None, tokens: int | None) -> None:
+    __slots__ = ("_name", "_parent", "_rec")
+
+    def __init__(self, rec: Recorder, name: str, parent: Parent | None) -> None:
+        self._rec = rec
+        self._name = name
+        self._parent = parent  # None: a bad carrier, timed here all the same
+
+    def __enter__(self) -> RemotePhaseScope:
+        self._rec.enter_remote(self._name, self._parent)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        self._rec.exit(et, ev, self._name)
+        return False
+
+
+class StepScope:
+    __slots__ = ("_parent", "_rec", "_samples", "_tokens")
+
+    def __init__(
+        self, rec: Recorder, samples: int | None, tokens: int | None, parent: Parent | None = None
+    ) -> None:
         self._rec = rec
         self._samples = samples
         self._tokens = tokens
+        self._parent = parent  # the step joins that trace (links.py)
 
     def __enter__(self) -> StepScope:
         self._rec.step_begin(self._samples, self._tokens)
+        if self._parent is not None:  # (a nested step's joins the outer one, if unlinked)
+            self._rec.join(self._parent)
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:

@@ -48,6 +48,8 @@ class Batch:
     parts: list[Any] = field(default_factory=list)
     scalars: list[tuple[str, float]] = field(default_factory=list)  # recorded outside steps
     counters: Counters = field(default_factory=Counters)
+    # Remote phases' trees (links.py), resolved like steps (index -1); set by finished()
+    remote: list[ResolvedStep] = field(default_factory=list)
 
 
 class StepSource:
@@ -73,7 +75,7 @@ class StepSource:
         if tail:
             parts.append(tail)
         if derive:
-            batch.parts = [b for part in parts for b in finished(part, self.shapes)]
+            batch.parts = [b for part in parts for b in finished(part, self.shapes, batch.remote)]
         batch.scalars = self._loose_scalars()
         mem = rec.memory
         batch.counters = Counters(
@@ -110,6 +112,7 @@ class StepSource:
     def _resolve(self, step: OpenStep) -> ResolvedStep:
         rs = ResolvedStep(step.index, step.t0, step.t1)
         rs.samples, rs.tokens, rs.padded = step.samples, step.tokens, step.padded
+        rs.link = step.link
         phases = step.phases
         phases.sort(key=_BY_SEQ)
         if step.scalars:
@@ -163,10 +166,14 @@ class StepSource:
         return values
 
 
-def finished(part: Part, shapes: dict[Any, Shape]) -> list[StepBlock]:
+def finished(part: Part, shapes: dict[Any, Shape], remote: list[ResolvedStep]) -> list[StepBlock]:
     """A part as the worker takes it: blocks with their columns derived (resolved steps
-    grouped by shape, ``shapes`` being the caller's cache)."""
+    grouped by shape, ``shapes`` being the caller's cache); remote phases' trees, which
+    are no steps, go to ``remote``."""
     if not isinstance(part, StepBlock):
+        if any(s.index < 0 for s in part):
+            remote.extend(s for s in part if s.index < 0)
+            part = [s for s in part if s.index >= 0]
         return group_steps(part, shapes)
     part.columns()
     return [part]

@@ -1,7 +1,9 @@
 """Spans built after the fact from resolved steps, through the OTel API only.
 
 Each sampled step becomes its own trace: a root ``otel_train.step`` span and one
-child span per phase, with explicit start/end timestamps (Unix-epoch ns). Phases
+child span per phase, with explicit start/end timestamps (Unix-epoch ns). A step in a
+trace across processes (links.py) is that trace's root, with the ids its carrier named,
+or a child of the other process's step span. Phases
 with CUDA events carry device timestamps (see ``device.py`` for their meaning and
 error); host-only phases and CPU runs carry host timestamps.
 """
@@ -9,15 +11,32 @@ error); host-only phases and CPU runs carry host timestamps.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from .. import contract as c
 from .efficiency import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+class IdChoice(Protocol):
+    """The ids of the next span this thread starts, chosen by the caller (export/ids.py)."""
+
+    def choose(self, trace_id: int, span_id: int) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class SpanEmitter:
@@ -27,9 +46,12 @@ class SpanEmitter:
         rank: int,
         offset_ns: int,
         step_events: Callable[[int], list[tuple[str, dict[str, Any]]]] | None = None,
+        ids: IdChoice | None = None,
     ) -> None:
-        """``step_events``: a step's span events by index (the debug tools')."""
+        """``step_events``: a step's span events by index (the debug tools'); ``ids``:
+        how a step span gets the ids a carrier named (links.py), if the tracer can."""
         self._tracer = tracer
+        self.ids = ids
         self._rank = rank
         self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns
         self.emitted = 0
@@ -62,21 +84,8 @@ class SpanEmitter:
             span_attributes(step.efficiency, attrs)
         start = step.start + off
         end = max(step.end + off, start)
-        root = self._tracer.start_span(
-            c.STEP_SPAN.name,
-            context=otel_context.Context(),
-            kind=SpanKind.INTERNAL,
-            attributes=attrs,
-            start_time=start,
-        )
-        spans: dict[int, Any] = {}
-        for phase in step.phases:  # sorted by seq: parents come before children
-            parent = spans.get(phase.parent, root)
-            spans[phase.seq] = self._phase_span(phase, parent, step.index)
-        # End children before parents so exporters see a complete tree in order.
-        for phase in reversed(step.phases):
-            span = spans[phase.seq]
-            span.end(end_time=max(phase.end + off, phase.start + off))
+        root = self._root(step, attrs, start)
+        self._phase_tree(step.phases, root, step.index)
         if self.step_events is not None:
             for name, attributes in self.step_events(step.index):
                 root.add_event(name, attributes, timestamp=start)
@@ -87,13 +96,79 @@ class SpanEmitter:
         ctx = root.get_span_context()
         return ctx.trace_id, ctx.span_id
 
-    def _phase_span(self, phase: ResolvedPhase, parent: Any, index: int) -> Any:
+    def emit_remote(self, tree: ResolvedStep) -> tuple[int, int] | None:
+        """Emit a remote phase's tree (links.py) under the span its carrier named, if
+        sampled there; returns (trace_id, outermost phase's span_id) for exemplars."""
+        link = tree.link
+        if link is None or not link.sampled or not tree.rows:
+            return None
+        remote = SpanContext(link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED)
+        spans = self._phase_tree(
+            tree.phases, NonRecordingSpan(remote), link.step_index, link.policy_version
+        )
+        self.emitted += len(spans)
+        ctx = spans[tree.phases[0].seq].get_span_context()
+        return ctx.trace_id, ctx.span_id
+
+    def _phase_tree(
+        self,
+        phases: list[ResolvedPhase],
+        root: Any,
+        index: int | None,
+        policy_version: int | None = None,
+    ) -> dict[int, Any]:
+        """One span per phase under ``root`` (nested phases nest), ended."""
+        off = self.offset_ns
+        spans: dict[int, Any] = {}
+        for phase in phases:  # sorted by seq: parents come before children
+            parent = spans.get(phase.parent, root)
+            spans[phase.seq] = self._phase_span(phase, parent, index, policy_version)
+        # End children before parents so exporters see a complete tree in order.
+        for phase in reversed(phases):
+            span = spans[phase.seq]
+            span.end(end_time=max(phase.end + off, phase.start + off))
+        return spans
+
+    def _root(self, step: ResolvedStep, attrs: dict[str, Any], start: int) -> Any:
+        """The step's span: the root of a trace of its own (with the ids a carrier it
+        handed out named), or a child of the other process's span its parent named
+        (links.py)."""
+        link, ids = step.link, self.ids
+        context = otel_context.Context()
+        chosen = False
+        if link is not None:
+            if link.parent_id:
+                parent = SpanContext(
+                    link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED
+                )
+                context = trace.set_span_in_context(NonRecordingSpan(parent), context)
+            if link.span_id and ids is not None:
+                ids.choose(link.trace_id, link.span_id)
+                chosen = True
+        try:
+            return self._tracer.start_span(
+                c.STEP_SPAN.name,
+                context=context,
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+                start_time=start,
+            )
+        finally:
+            if chosen and ids is not None:
+                ids.clear()
+
+    def _phase_span(
+        self, phase: ResolvedPhase, parent: Any, index: int | None, policy_version: int | None
+    ) -> Any:
         attrs: dict[str, Any] = {
             c.PHASE_NAME.key: phase.name,
-            c.STEP_INDEX.key: index,
             c.PHASE_CLOCK.key: "host" if phase.dev_start is None else "device",
             c.PHASE_HOST_DURATION.key: phase.host_seconds,
         }
+        if index is not None:  # (a remote phase's: the trainer's step, when its carrier says)
+            attrs[c.STEP_INDEX.key] = index
+        if policy_version is not None:
+            attrs[c.POLICY_VERSION.key] = policy_version
         dev = phase.device_seconds
         if dev is not None:
             attrs[c.PHASE_DEVICE_DURATION.key] = dev

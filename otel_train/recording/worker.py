@@ -25,7 +25,7 @@ from .batch import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .records import P_EV0, P_NAME, P_SECONDS
+from .records import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
 from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .source import Batch, Counters, StepSource
@@ -135,8 +135,11 @@ class Worker:
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                blocks: list[StepBlock] = self._take().parts
+                batch = self._take()
+                blocks: list[StepBlock] = batch.parts
                 n = self._update_metrics(blocks)
+                if batch.remote:
+                    self._remote_metrics(batch.remote)
             except Exception:
                 self.failed = True
                 self.source.disable()
@@ -151,6 +154,8 @@ class Worker:
             sampler = self.sampler
             for block in blocks:
                 self._emit(sampler.offer(block))
+            if batch.remote:
+                self._emit_remote(batch.remote)
             if not n and sampler.mode == "sampled":
                 self._emit(sampler.close_if_idle(time.perf_counter_ns()))
             spent = time.thread_time_ns() - t0
@@ -371,7 +376,55 @@ class Worker:
         if tokens is not None:
             self.agg.set(c.THROUGHPUT_TOKENS.name, (), done_tokens / span_s)
 
+    def _remote_metrics(self, trees: list[ResolvedStep]) -> None:
+        """Remote phases (links.py) feed the phase metrics like any phase; they are in
+        no step here, so no step figure sees them."""
+        publisher = self.publisher
+        api = publisher is not None and bool(publisher.histograms)
+        with self.agg.lock:
+            for tree in trees:
+                for row in tree.rows:
+                    device = row[P_EV0] is not None
+                    entry = self._series[device].get(row[P_NAME])
+                    if entry is None:
+                        entry = self._phase_series(row[P_NAME], device)
+                    entry[0].observe(row[P_SECONDS])
+                    if api:
+                        assert publisher is not None
+                        publisher.record(c.PHASE_DURATION.name, entry[1], row[P_SECONDS])
+                    m = row[P_MEMORY]
+                    if m is not None:
+                        self.agg.set(
+                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(entry[2], "allocated"), m[0]
+                        )
+                        self.agg.set(
+                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(entry[2], "reserved"), m[1]
+                        )
+
     # -- spans -------------------------------------------------------------------------
+
+    def _emit_remote(self, trees: list[ResolvedStep]) -> None:
+        """Remote phases' spans, for those whose carrier was sampled (links.py)."""
+        emitter = self.emitter
+        if emitter is None:
+            return
+        for tree in trees:
+            try:
+                ids = emitter.emit_remote(tree)
+            except Exception:
+                self.emitter = None
+                _log.exception("otel-train: emitting spans failed; spans disabled")
+                return
+            if ids is not None:
+                row = tree.rows[0]
+                entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
+                if entry is not None:
+                    with self.agg.lock:
+                        entry[0].attach_exemplar(
+                            Exemplar(row[P_SECONDS], row[P_T1] + emitter.offset_ns, *ids)
+                        )
+        with self.agg.lock:
+            self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
 
     def _emit(self, steps: list[ResolvedStep]) -> None:
         emitter = self.emitter

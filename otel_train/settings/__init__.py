@@ -51,6 +51,14 @@ class Settings:
             "one: a script's own name that OTEL_SERVICE_NAME overrides.",
         },
     )
+    role: str | None = field(
+        default=None,
+        metadata={
+            "parse": v.optional_str,
+            "doc": "This process's part in the job (trainer, generator, ...): resource "
+            "attribute otel_train.role, so its metrics and spans say which side they are.",
+        },
+    )
     otlp_endpoint: str | None = field(
         default=None,
         metadata={

@@ -117,7 +117,7 @@ class RemoteSource:
         for batch in batches:
             for part in batch.parts:
                 if part:
-                    out.parts.extend(finished(part, self.shapes))
+                    out.parts.extend(finished(part, self.shapes, out.remote))
             out.scalars.extend(batch.scalars)
             if batch.counters is not _REPLICA:
                 self.counters = batch.counters

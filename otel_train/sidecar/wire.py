@@ -31,6 +31,7 @@ from typing import Any
 
 from ..recording.batch import StepBlock
 from ..recording.blocks import Template
+from ..recording.links import StepLink
 from ..recording.resolved import ResolvedStep
 from ..recording.source import Batch, Counters, Part
 
@@ -88,8 +89,9 @@ def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
 
 
 def _step(s: ResolvedStep) -> tuple[Any, ...]:
+    link = tuple(s.link) if s.link is not None else None
     return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.padded, s.rows,
-            s.scalars, s.error, s.dev_start, s.dev_end)  # fmt: skip
+            s.scalars, s.error, s.dev_start, s.dev_end, link)  # fmt: skip
 
 
 def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
@@ -101,9 +103,10 @@ def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template])
             out.append(StepBlock.from_raw(templates[key], first, times, counts, scalars))
             continue
         steps = []
-        for index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1 in item[1]:
+        for index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link in item[1]:
             rs = ResolvedStep(index, h0, h1)
             rs.samples, rs.tokens, rs.padded = samples, tokens, padded
+            rs.link = StepLink(*link) if link is not None else None
             rs.rows, rs.scalars, rs.error = rows, scalars, error
             if d0 is not None:
                 rs.dev_start, rs.dev_end = d0, d1

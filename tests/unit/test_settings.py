@@ -17,6 +17,7 @@ from otel_train.testing import InMemoryTelemetry
 BAD = {
     "service_name": (123, "x" * 3000, ("must be a string", "at most 2048 characters")),
     "default_service_name": ("", "   ", "must be a non-empty string"),
+    "role": (7, "x" * 3000, ("must be a string", "at most 2048 characters")),
     "otlp_endpoint": ("collector:4318", "grpc://collector:4317", "http://"),
     "otlp_protocol": ("thrift", "http/json", "'http/protobuf', 'grpc'"),
     "prometheus": ("maybe", "enabled", "true/false"),
