@@ -1,7 +1,7 @@
 """``otel-train timeline RUN_DIR -o steps.json``: the traced steps in the Chrome trace
 event format, which Perfetto UI and ``chrome://tracing`` open.
 
-One process track per rank; on its ``steps`` thread each traced step is a complete
+One process track per rank (pid rank + 1); on its ``steps`` thread each traced step is a complete
 ("X") event with its phases nested inside it by time, their attributes as args; where a
 phase has device time, the same phase on the ``device`` thread lasts its device
 duration. A step covered by ``profile_steps`` names the profiler's trace file in a span
@@ -44,7 +44,7 @@ def _meta(pid: int, name: str, sort: int, threads: dict[int, str]) -> list[dict[
 
 def _rank_events(rank: RankRecord) -> tuple[list[dict[str, Any]], set[str]]:
     """The rank's span events, and the profiler traces its steps name."""
-    pid = rank.rank
+    pid = rank.rank + 1  # (pid 0 reads as "no process" to some readers)
     events = _meta(pid, f"rank {rank.rank} ({rank.resource.get('service.name', '')})",
                    2 * rank.rank, {STEPS_TID: "steps (host)", DEVICE_TID: "device"})  # fmt: skip
     profiles: set[str] = set()
@@ -100,6 +100,9 @@ def timeline(run_dir: str | Path) -> dict[str, Any]:
             if profiler:
                 events += profiler
                 merged.append(path)
+    # Parents before children: a phase that starts with its step (the data fetch opens
+    # it) would otherwise come first and not nest in it.
+    events.sort(key=lambda e: (e["ph"] != "M", e["pid"], e.get("ts", 0.0), -e.get("dur", 0.0)))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run": Path(run_dir).name, "profiler_traces": merged}}  # fmt: skip
 
