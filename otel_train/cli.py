@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .settings import ConfigError
@@ -127,6 +128,11 @@ def demo(args: argparse.Namespace) -> int:
         print(f"otel-train demo: holding {what} for {args.hold:g} s", file=sys.stderr)
         time.sleep(args.hold)
     otel_train.shutdown()
+    if sess is not None and sess.record is not None:
+        cli = Path(sys.executable).with_name("otel-train")
+        command = f"{cli if cli.exists() else 'otel-train'} report {sess.record.directory}"
+        print(f"otel-train demo: run record in {sess.record.directory}\n"
+              f"otel-train demo: its report page: {command}", file=sys.stderr)  # fmt: skip
     return 0
 
 
