@@ -135,6 +135,10 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     demo_out = finished(demo_job)
     assert f"{DEMO_STEPS} steps on cpu; OTLP export on" in demo_out, demo_out
     assert f"otel-train run summary: {DEMO_STEPS} steps" in demo_out, demo_out
+    # `make demo` ends by naming its run record and the command that makes its report.
+    record = re.search(r"^otel-train demo: its report page: (\S+) report (\S+)$", demo_out, re.M)
+    assert record and Path(record.group(2)).is_dir(), demo_out[-2000:]
+    assert demo_out.rstrip().endswith(record.group(0)), demo_out[-2000:]
     iterations = re.search(r"^(\d+) iterations;", finished(rl_job), re.M)
     assert iterations, "the RL example did not report its iterations"
     return {
