@@ -142,3 +142,32 @@ def torch_model():  # type: ignore[no-untyped-def]
     import torch
 
     return torch.nn.Linear(4, 2)
+
+
+def test_report_serve_rebuilds_the_page_at_each_load(tmp_path: Path) -> None:
+    """--serve: the page comes from the record as it is at each request (nothing there
+    yet: 503), with a reload meta so an open tab follows the run."""
+    import urllib.error
+    import urllib.request
+
+    from otel_train.runs import report
+
+    run = tmp_path / "runs" / "served-run"  # (service "served", run id "run")
+    run.mkdir(parents=True)
+    server, _ = report.serve(run, 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as early:
+            urllib.request.urlopen(url, timeout=10)
+        assert early.value.code == 503
+        early.value.close()
+        job = _run(tmp_path, OTEL_SERVICE_NAME="served", OTEL_TRAIN_RUN_ID="run")
+        assert job.returncode == 0, job.stderr[-2000:]
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            page = resp.read().decode()
+        assert resp.status == 200
+        assert f'http-equiv="refresh" content="{report.REFRESH_S}"' in page
+        assert "16 steps" in page  # the summary of the record written since
+    finally:
+        server.shutdown()
+        server.server_close()
