@@ -142,7 +142,8 @@ def _exponential(p: dict[str, Any]) -> Histogram:
     positive = p.get("positive") or {}
     offset = int(positive.get("offset", 0))
     counts = [float(c) for c in positive.get("bucketCounts", [])]
-    bounds = [base ** (offset + i + 1) for i in range(len(counts))]
+    # Bucket i holds (base^(offset+i), base^(offset+i+1)]; the zero bucket goes first.
+    bounds = [base ** (offset + i) for i in range(len(counts) + 1)]
     zero = float(p.get("zeroCount", 0))
     return Histogram(float(p.get("count", 0)), float(p.get("sum", 0)),
-                     [0.0, *bounds], [zero, *counts, 0.0])  # fmt: skip
+                     bounds, [zero, *counts, 0.0])  # fmt: skip
