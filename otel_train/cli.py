@@ -70,6 +70,19 @@ class _Corpus:
         return {"input_ids": row[:-1], "labels": row[1:]}
 
 
+def _demo_settings(args: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if args.every is not None:  # (else OTEL_TRAIN_CONSOLE_EVERY or the default)
+        settings["console_every"] = args.every
+    if args.otlp_endpoint:
+        settings["otlp_endpoint"] = args.otlp_endpoint
+    if args.prometheus_port is not None:
+        settings["prometheus_port"] = args.prometheus_port
+    if args.trace_all:
+        settings["trace_steps"] = "all"
+    return settings
+
+
 def demo(args: argparse.Namespace) -> int:
     import torch
 
@@ -83,17 +96,8 @@ def demo(args: argparse.Namespace) -> int:
     loader: Any = torch.utils.data.DataLoader(
         corpus, batch_size=batch, shuffle=True, drop_last=True
     )
-    settings: dict[str, Any] = {}
-    if args.every is not None:  # (else OTEL_TRAIN_CONSOLE_EVERY or the default)
-        settings["console_every"] = args.every
-    if args.otlp_endpoint:
-        settings["otlp_endpoint"] = args.otlp_endpoint
-    if args.prometheus_port is not None:
-        settings["prometheus_port"] = args.prometheus_port
-    if args.trace_all:
-        settings["trace_steps"] = "all"
     try:
-        otel_train.instrument(model, optimizer=opt, dataloader=loader, **settings)
+        otel_train.instrument(model, optimizer=opt, dataloader=loader, **_demo_settings(args))
     except ConfigError as err:
         print(f"otel-train demo: {err}", file=sys.stderr)
         return 2
@@ -102,7 +106,7 @@ def demo(args: argparse.Namespace) -> int:
     if sess is not None and sess.prometheus_address:
         host, port = sess.prometheus_address
         where.append(f"/metrics on http://{host}:{port}/metrics")
-    if sess is not None and sess.exports_traces:
+    if sess is not None and sess.exports_otlp:
         where.append("OTLP export on")
     print(
         f"otel-train demo: {args.steps} steps on {device}; " + ("; ".join(where) or "no exporters"),

@@ -96,17 +96,8 @@ class Session:
             self.publisher = consumer.publisher
             self.worker = consumer.worker
             self._prometheus_address = self.telemetry.prometheus_address
-        if self.record is not None and prints_console(settings, rank()):
-            out = sys.stdout if settings.console == "stdout" else sys.stderr
-            print(f"otel-train: run record in {self.record.directory}", file=out, flush=True)
-        # Carriers name step spans whose ids the tracer takes (export/ids.py): the
-        # sidecar's own, or an SDK tracer here.
-        emitter = self.worker.emitter if self.worker is not None else None
-        self.recorder.carriers = (
-            self.exports_traces and settings.trace_steps != "none"
-            if self.feeder is not None
-            else emitter is not None and emitter.ids is not None
-        )
+        self._announce_record()
+        self._allow_carriers()
         self.instrumentations: dict[int, Instrumentation] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
@@ -115,6 +106,21 @@ class Session:
         self.sigterm = SigtermFlush(shutdown) if settings.flush_on_sigterm else None
         if self.sigterm is not None:
             self.sigterm.install()
+
+    def _announce_record(self) -> None:
+        if self.record is not None and prints_console(self.settings, rank()):
+            out = sys.stdout if self.settings.console == "stdout" else sys.stderr
+            print(f"otel-train: run record in {self.record.directory}", file=out, flush=True)
+
+    def _allow_carriers(self) -> None:
+        """Carriers name step spans whose ids the tracer takes (export/ids.py): the
+        sidecar's own, or an SDK tracer here."""
+        emitter = self.worker.emitter if self.worker is not None else None
+        self.recorder.carriers = (
+            self.exports_traces and self.settings.trace_steps != "none"
+            if self.feeder is not None
+            else emitter is not None and emitter.ids is not None
+        )
 
     def _start_sidecar(self, settings: Settings, source: StepSource) -> None:
         check_exporters(settings)  # a bad exporter setting fails here, not in the sidecar
@@ -143,10 +149,17 @@ class Session:
 
     @property
     def exports_traces(self) -> bool:
-        """Whether steps leave as spans (a tracer provider, or the sidecar's OTLP)."""
+        """Whether steps leave as spans (a tracer provider here, or the sidecar's OTLP
+        export or run record)."""
         if self.feeder is not None:
-            return exports_traces(self.settings)
+            return self.exports_otlp or self.record is not None
         return self.telemetry is not None and self.telemetry.tracer_provider is not None
+
+    @property
+    def exports_otlp(self) -> bool:
+        """Whether otel-train's own SDK sends spans over OTLP (an endpoint is set)."""
+        owned = self.telemetry is not None and self.telemetry.owned
+        return owned and exports_traces(self.settings)
 
     def instrumented(self, target: Any) -> None:
         """An instrumentation of a target not instrumented before in this session
