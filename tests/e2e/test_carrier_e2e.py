@@ -14,6 +14,7 @@ phase metrics, labelled with its role.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,7 +26,16 @@ import uuid
 from typing import Any
 
 import pytest
-from stack_helpers import attrs, jaeger_chunks, poll, prom, running_stack
+from stack_helpers import (
+    ROOT,
+    attrs,
+    dashboard_queries,
+    jaeger_chunks,
+    poll,
+    prom,
+    query_data,
+    running_stack,
+)
 
 from otel_train import contract as c
 
@@ -266,3 +276,27 @@ def test_the_trainers_summary_shows_the_generators_rollouts(run: dict[str, Any])
     (row,) = [r for r in rows if r[:2] == ["rollout", "[generator]"]]
     assert row[4:6] == ["-", str(STEPS - 1)]  # no share of the trainer's wall; calls
     assert float(row[2]) >= (STEPS - 1) * 0.05 * (1e3 if row[3] == "ms" else 1)
+
+
+def _cross_process_queries() -> list[tuple[str, str]]:
+    spec = importlib.util.spec_from_file_location("grafana_build", ROOT / "grafana" / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    panels = build.CROSS_PROCESS_PANELS
+    got = [(p, e) for p, e in dashboard_queries("rl-loop") if p.split(" [")[0] in panels]
+    assert {p.split(" [")[0] for p, _ in got} == set(panels)
+    return got
+
+
+@pytest.mark.parametrize(("panel", "expr"), _cross_process_queries())
+def test_the_rl_dashboards_cross_process_panels_have_data(
+    run: dict[str, Any], panel: str, expr: str
+) -> None:
+    """The RL dashboard's generator-against-trainer and staleness panels, as Grafana
+    would query them with $job the trainer (the stack e2e's RL run has no generator)."""
+    stack, job = run["stack"], run["names"]["trainer"]
+    found = poll(lambda: query_data(stack, expr, job, run["start"]), f"data for {panel}")
+    if "generator" in expr:  # the generator's rollouts and weight syncs, by phase
+        legends = {r["metric"].get("phase") for r in found}
+        assert legends in ({None}, {"rollout", "weight_sync"}), legends
