@@ -12,7 +12,8 @@ Dashboards:
   runs), per-rank step time spread, loss, the layer's own health, the straggler score
   per rank (from the recording rules) with a data link to that rank's slowest traces.
 - RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
-  of the iteration, reward.
+  of the iteration, reward; the generator processes' time against the trainer's per
+  step and the policy staleness of consumed rollouts (issue 15).
 Histogram panels show exemplars; a click on one opens that step's trace in Jaeger.
 """
 
@@ -426,8 +427,60 @@ def rl_loop() -> dict[str, Any]:
             (12, 16, 12, 8),
         ),
     ]
+    panels += cross_process_panels(24)
     jobs = f'{n(c.PHASE_DURATION, "count")}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
     return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"], jobs)
+
+
+# Panels of a trainer ($job) with generator processes (role generator) beside it; their
+# queries are checked against a live two-process run in tests/e2e/test_carrier_e2e.py.
+CROSS_PROCESS_PANELS = ("Generator against trainer time per step", "Policy staleness")
+
+
+def cross_process_panels(y: int) -> list[dict[str, Any]]:
+    steps = f"scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))"
+    # The generators of the trainer's run: the same otel_train_job (both unset alike).
+    generator = (
+        f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{otel_train_role="generator", '
+        f'phase=~"rollout|weight_sync", {OTLP}}}[{RATE}]) '
+        f"and on (otel_train_job) {n(c.STEPS)}{{{F}}}) / {steps}"
+    )
+    trainer = f"sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])) / {steps}"
+    stale = n(c.POLICY_STALENESS)
+    return [
+        panel(
+            CROSS_PROCESS_PANELS[0],
+            [
+                target(trainer, "trainer step", "A"),
+                target(generator, "generator {{phase}}", "B"),
+            ],
+            "s",
+            (0, y, 12, 8),
+            description="Seconds per trainer step: the trainer's step against the generator "
+            "processes' rollouts and weight syncs (role generator, the trainer's run). "
+            "Generators above the step: the trainer waits for rollouts.",
+        ),
+        panel(
+            CROSS_PROCESS_PANELS[1],
+            [
+                target(
+                    f"sum(rate({stale}_sum{{{F}}}[{RATE}])) "
+                    f"/ sum(rate({stale}_count{{{F}}}[{RATE}]))",
+                    "mean",
+                    "A",
+                ),
+                target(
+                    f"histogram_quantile(0.95, sum by (le) (rate({stale}_bucket{{{F}}}[{RATE}])))",
+                    "p95",
+                    "B",
+                ),
+            ],
+            "short",
+            (12, y, 12, 8),
+            description="Policy versions between a rollout's making and the step that "
+            "consumed it (otel_train.consumed(token, policy_version=j)): 0 is on-policy.",
+        ),
+    ]
 
 
 def datasources() -> str:

@@ -50,6 +50,7 @@ __all__ = [
     "__version__",
     "carrier",
     "configure",
+    "consumed",
     "contract",
     "flush",
     "instrument",
@@ -135,6 +136,9 @@ class _NullScope:
     def __exit__(self, *exc: Any) -> Literal[False]:
         return False
 
+    def produced(self, policy_version: int | None = None) -> dict[str, str]:
+        return {}
+
 
 _NULL = _NullScope()
 
@@ -153,7 +157,9 @@ def phase(name: str, parent: Any = UNSET) -> PhaseScope | RemotePhaseScope | _Nu
     remote phase, timed and measured here and in this process's phase metrics, in no
     step of this process; when the carrier is sampled its span is a child of the
     trainer's step span, in that trace. A bad carrier (None, empty, malformed, from
-    another run) gives the phase without a trace, and one warning."""
+    another run) gives the phase without a trace, and one warning. ``with ... as
+    rollout:`` then ``rollout.produced()`` after the block: the token the consuming
+    step hands :func:`consumed` (its span, policy version and figures)."""
     rec: Recorder | None = _recorder()
     if rec is None:
         return _NULL
@@ -186,6 +192,21 @@ def carrier(policy_version: int | None = None) -> dict[str, str]:
     if current is None or current.closed or session.forked_child:
         return {}
     return current.recorder.carrier(policy_version)
+
+
+def consumed(token: Any, policy_version: int | None = None) -> None:
+    """The step open now consumed a rollout: ``token`` is what the generator's
+    ``phase(name, parent=carrier).produced()`` returned (sent back with the rollout).
+
+    The step's span gets a span link to the rollout's span (when its carrier was
+    sampled; the step is then traced), ``policy_version - k`` (k: the rollout's policy
+    version) goes to the ``otel_train.policy.staleness`` histogram, and the rollout's
+    host seconds and peak memory from the generator show in this process's console
+    table and run summary as a row ``rollout [generator]``. At most 128 tokens a step;
+    a bad token (or one outside a step) warns once, never raises."""
+    rec = _recorder()
+    if rec is not None:
+        rec.consumed(token, policy_version)
 
 
 def region(kind: str) -> Any:

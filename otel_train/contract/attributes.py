@@ -32,8 +32,9 @@ STEP_SAMPLED_BECAUSE = AttributeSpec(
     "Why this step became a trace: all, slowest, error, first (the first step of each "
     "instrumentation), shape (the first step of a step shape not seen before), debug (a "
     "profiled step or the end of a memory-snapshot window), carrier (it handed out a "
-    "sampled otel_train.carrier(): other processes' spans are in its trace) or parent (a "
-    "step(parent=carrier) under a sampled carrier: a child of the other process's step).",
+    "sampled otel_train.carrier(): other processes' spans are in its trace), parent (a "
+    "step(parent=carrier) under a sampled carrier: a child of the other process's step) "
+    "or consumed (it consumed a rollout whose span was sampled: its link has a target).",
 )
 STEP_THROUGHPUT_SAMPLES = AttributeSpec(
     "otel_train.step.throughput.samples", "double", "{sample}/s", "Samples / host step time."
@@ -130,6 +131,13 @@ POLICY_VERSION = AttributeSpec(
     "",
     "On a remote phase's span (phase(name, parent=carrier)): the policy version the "
     "trainer passed to otel_train.carrier(policy_version=...). Absent when not given.",
+)
+LINK_STALENESS = AttributeSpec(
+    "otel_train.policy.staleness",
+    "int",
+    "{version}",
+    "On a step span's link to a consumed rollout: the consuming step's policy version less "
+    "the rollout's (j - k). Absent when either is unknown.",
 )
 PHASE_OOMS = AttributeSpec(
     "otel_train.phase.memory.ooms",

@@ -35,6 +35,12 @@ def render_markdown() -> str:
         for a in span.attributes:
             out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
         out.append("")
+        if span.links:
+            out += ["Attributes of its span links:", ""]
+            out += ["| link attribute | type | unit | description |", "|---|---|---|---|"]
+            for a in span.links:
+                out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
+            out.append("")
     out += ["### Phase names from the adapters", "", "| phase | what it covers |", "|---|---|"]
     for name, what in ADAPTER_PHASES.items():
         out.append(f"| `{name}` | {what} |")
@@ -65,6 +71,10 @@ def render_markdown() -> str:
         )
     out += ["", "Duration histogram bucket boundaries (seconds): "]
     out.append(", ".join(f"{b:g}" for b in DURATION_BUCKETS) + ".")
+    for m in METRICS:
+        if m.buckets is not None:
+            bounds = ", ".join(f"{b:g}" for b in m.buckets)
+            out += ["", f"`{m.name}` bucket boundaries (`{m.unit}`): {bounds}."]
     out += ["", "## Metric attributes", "", "| attribute | meaning |", "|---|---|"]
     for key, meaning in METRIC_ATTRIBUTES.items():
         out.append(f"| `{key}` | {meaning} |")

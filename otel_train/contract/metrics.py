@@ -12,6 +12,9 @@ DURATION_BUCKETS: tuple[float, ...] = (
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 600.0,
 )  # fmt: skip
 
+# Policy versions behind: a rollout consumed by the step it was made for is 0.
+STALENESS_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
 # --- metric attribute keys ---------------------------------------------------
 
 A_PHASE = "phase"
@@ -185,6 +188,15 @@ OVERHEAD = MetricSpec(
     "CPU time of otel-train's background worker per training step (recent average).",
 )
 
+POLICY_STALENESS = MetricSpec(
+    "otel_train.policy.staleness",
+    "histogram",
+    "{version}",
+    "Policy versions between a rollout's making and its use: j - k for a rollout made "
+    "under version k and given to otel_train.consumed(token, policy_version=j) (RL).",
+    buckets=STALENESS_BUCKETS,
+)
+
 METRICS = (
     STEP_DURATION,
     PHASE_DURATION,
@@ -212,4 +224,5 @@ METRICS = (
     DROPPED,
     SPANS_EMITTED,
     OVERHEAD,
+    POLICY_STALENESS,
 )

@@ -4,6 +4,7 @@ and the phase names the adapters emit."""
 from __future__ import annotations
 
 from .attributes import (
+    LINK_STALENESS,
     PHASE_ALLOC_RETRIES,
     PHASE_CLOCK,
     PHASE_DEVICE_DURATION,
@@ -39,7 +40,9 @@ STEP_SPAN = SpanSpec(
     "otel_train.step",
     "One training step (root of its own trace, or a child of another process's step "
     "with step(parent=carrier)). Start: first host boundary; end: the later "
-    "of host exit and the last device event.",
+    "of host exit and the last device event. A step that called otel_train.consumed(token) "
+    "has a span link to each consumed rollout's span whose carrier was sampled (at most "
+    "128).",
     (
         STEP_INDEX,
         STEP_SAMPLES,
@@ -57,6 +60,7 @@ STEP_SPAN = SpanSpec(
         STEP_DATA_STALL,
         STEP_SAMPLED_BECAUSE,
     ),
+    links=(PHASE_NAME, POLICY_VERSION, LINK_STALENESS, PHASE_HOST_DURATION),
 )
 PHASE_SPAN = SpanSpec(
     "<phase name>",

@@ -22,6 +22,7 @@ class SpanSpec:
     name: str  # a literal name, or a pattern in angle brackets for phase spans
     description: str
     attributes: tuple[AttributeSpec, ...]
+    links: tuple[AttributeSpec, ...] = ()  # the attributes of its span links, if any
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,4 @@ class MetricSpec:
     unit: str
     description: str
     attributes: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None  # histogram bounds (None: DURATION_BUCKETS)

@@ -100,11 +100,16 @@ class MetricsAggregator:
         self.values: dict[str, dict[Attrs, float]] = {}  # counters and gauges by name
 
     # Writers hold ``lock`` (the worker takes it once per batch of steps).
-    def histogram(self, name: str, attrs: Attrs) -> HistogramState:
+    def histogram(
+        self, name: str, attrs: Attrs, bounds: tuple[float, ...] | None = None
+    ) -> HistogramState:
+        """``bounds``: the metric's buckets (contract.MetricSpec.buckets), if not seconds'."""
         key = (name, attrs)
         h = self.histograms.get(key)
         if h is None:
-            h = self.histograms[key] = HistogramState(DURATION_BUCKETS, self.start_unix_nano)
+            h = self.histograms[key] = HistogramState(
+                bounds or DURATION_BUCKETS, self.start_unix_nano
+            )
         return h
 
     def add(self, name: str, attrs: Attrs, amount: float) -> None:

@@ -108,15 +108,38 @@ class StepBlock:
     padding included, adapters/batches.py), ``scalars`` (each step's, or
     None when no step has any), ``durations`` (span extent in ns, device times included),
     ``device_seconds`` (None for a host-only block), ``errors`` (offsets of steps that
-    raised), ``linked`` (offsets of steps in a sampled trace across processes, links.py;
-    a recognised step has none). Per phase row of the shape: ``phase_seconds[r]`` (device
-    seconds where measured) and ``memory[r]`` (None when no row has memory figures).
+    raised), ``linked`` (offsets of steps in a sampled trace across processes, links.py,
+    or linking to a sampled rollout, tokens.py), ``consumed`` (offsets of steps that
+    consumed rollouts; a recognised step is in neither). Per phase row of the shape:
+    ``phase_seconds[r]`` (device seconds where measured) and ``memory[r]`` (None when no
+    row has memory figures).
     """
 
-    __slots__ = ("_data", "_entries", "_steps", "_times", "device_seconds", "durations",
-                 "efficiency", "ends", "errors", "first", "k", "linked", "memory", "padded",
-                 "phase_seconds", "samples", "scalars", "seconds", "shape", "starts",
-                 "template", "tokens")  # fmt: skip
+    __slots__ = (
+        "_data",
+        "_entries",
+        "_steps",
+        "_times",
+        "consumed",
+        "device_seconds",
+        "durations",
+        "efficiency",
+        "ends",
+        "errors",
+        "first",
+        "k",
+        "linked",
+        "memory",
+        "padded",
+        "phase_seconds",
+        "samples",
+        "scalars",
+        "seconds",
+        "shape",
+        "starts",
+        "template",
+        "tokens",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -139,6 +162,7 @@ class StepBlock:
         self.memory: list[list[Any]] | None = None
         self.errors: list[int] = []
         self.linked: list[int] = []  # steps traced for their trace across processes
+        self.consumed: list[int] = []  # steps that consumed rollouts (tokens.py)
         self.device_seconds: list[float | None] | None = None
 
     # -- resolved steps ------------------------------------------------------------------
@@ -160,7 +184,8 @@ class StepBlock:
         if any(row[P_MEMORY] is not None for r in rows for row in r):
             block.memory = [[r[i][P_MEMORY] for r in rows] for i in range(len(shape.names))]
         block.errors = [i for i, s in enumerate(steps) if s.error]
-        block.linked = [i for i, s in enumerate(steps) if s.link is not None and s.link.sampled]
+        block.linked = [i for i, s in enumerate(steps) if _linked(s)]
+        block.consumed = [i for i, s in enumerate(steps) if s.consumed]
         if any(s.device_seconds is not None for s in steps):
             block.device_seconds = [s.device_seconds for s in steps]
         block.scalars = [s.scalars for s in steps] if any(s.scalars for s in steps) else None
@@ -324,3 +349,10 @@ def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:
             shapes.clear()
         shape = shapes[key] = Shape([k[:3] for k in key], [k[3] for k in key])
     return shape
+
+
+def _linked(step: ResolvedStep) -> bool:
+    """Whether a step is in a sampled trace across processes, or links to one's span."""
+    if step.link is not None and step.link.sampled:
+        return True
+    return step.consumed is not None and any(x.sampled for x in step.consumed)

@@ -10,6 +10,11 @@ Every ``console_every`` steps::
 At shutdown, the run summary: total wall clock, cumulative time per phase with its
 share of the wall clock, and the peak memory of each phase with its share of the
 device.
+
+Rollouts the steps consumed (``otel_train.consumed(token)``, recording/tokens.py) are
+rows of their own, named after the phase and the generator's role (``rollout
+[generator]``): their host seconds and peak memory measured in the generator, per step
+of this table, and their share of that process's device.
 """
 
 from __future__ import annotations
@@ -43,13 +48,15 @@ def fmt_bytes(b: float | None) -> str:
 
 
 class _PhaseTotals:
-    __slots__ = ("count", "depth", "peak", "seconds")
+    __slots__ = ("count", "depth", "peak", "remote", "seconds", "total")
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, remote: bool = False) -> None:
         self.seconds = 0.0
         self.count = 0
         self.peak: int | None = None
         self.depth = depth
+        self.remote = remote  # another process's phase, from consumed tokens
+        self.total: int | None = None  # that process's device memory (remote rows)
 
 
 class ConsoleReporter:
@@ -131,6 +138,10 @@ class ConsoleReporter:
                 peaks = [m[0] for m in memory[r][lo:hi] if m is not None]
                 if peaks and (t.peak is None or max(peaks) > t.peak):
                     t.peak = max(peaks)
+        for x in block.consumed:
+            if lo <= x < hi:
+                for item in block.step(x).consumed or ():
+                    self._add_consumed(item)
         if block.scalars is not None:
             for items in block.scalars[lo:hi]:
                 for name, value in items:
@@ -139,7 +150,18 @@ class ConsoleReporter:
         tokens = sum(v for v in block.tokens[lo:hi] if v)
         self._add_totals(block.seconds[lo:hi], samples, tokens)
 
-    def _new_row(self, key: tuple[int, str]) -> _PhaseTotals:
+    def _add_consumed(self, item: Any) -> None:
+        """A consumed rollout's figures (tokens.Consumed) into its remote row."""
+        key = (0, f"{item.name} [{item.role or 'remote'}]")
+        t = self._window.get(key) or self._new_row(key, remote=True)
+        t.seconds += item.seconds or 0.0
+        t.count += 1
+        if item.peak is not None and (t.peak is None or item.peak > t.peak):
+            t.peak = item.peak
+        if item.device_total:
+            t.total = item.device_total
+
+    def _new_row(self, key: tuple[int, str], remote: bool = False) -> _PhaseTotals:
         """The window's row for a (depth, phase) not seen in it yet; past MAX_ROWS rows,
         further names share "_other" (a bounded table)."""
         window = self._window
@@ -148,7 +170,7 @@ class ConsoleReporter:
             t = window.get(key)
             if t is not None:
                 return t
-        t = window[key] = _PhaseTotals(key[0])
+        t = window[key] = _PhaseTotals(key[0], remote)
         return t
 
     def _add_totals(self, seconds: list[float], samples: int, tokens: int) -> None:
@@ -163,10 +185,11 @@ class ConsoleReporter:
         self.run_samples += samples
         self.run_tokens += tokens
 
-    def _pct_device(self, peak: int | None) -> str:
-        if peak is None or not self.device_total:
+    def _pct_device(self, t: _PhaseTotals) -> str:
+        total = t.total if t.remote else self.device_total
+        if t.peak is None or not total:
             return "-"
-        return f"{100.0 * peak / self.device_total:.1f}%"
+        return f"{100.0 * t.peak / total:.1f}%"
 
     def print_window(self) -> None:
         out = self.stream
@@ -195,8 +218,8 @@ class ConsoleReporter:
             per_step = t.seconds / n
             pct = 100.0 * t.seconds / self._win_seconds if self._win_seconds > 0 else 0.0
             lines.append(
-                f"{name:<24}{fmt_seconds(per_step):>12}{pct:>8.1f}%"
-                f"{fmt_bytes(t.peak):>13}{self._pct_device(t.peak):>10}"
+                f"{name:<24}{fmt_seconds(per_step):>12}{_pct(pct, t):>9}"
+                f"{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"
             )
         print("\n".join(lines), file=out, flush=True)
         self._reset_window()
@@ -219,7 +242,8 @@ class ConsoleReporter:
         for key, w in self._window.items():
             t = into.get(key)
             if t is None:
-                t = into[key] = _PhaseTotals(w.depth)
+                t = into[key] = _PhaseTotals(w.depth, w.remote)
+            t.total = w.total or t.total
             t.seconds += w.seconds
             t.count += w.count
             if w.peak is not None and (t.peak is None or w.peak > t.peak):
@@ -257,14 +281,15 @@ class ConsoleReporter:
         )
         run: dict[tuple[int, str], _PhaseTotals] = {}
         for key, t in self._run.items():
-            run[key] = _PhaseTotals(t.depth)
+            run[key] = _PhaseTotals(t.depth, t.remote)
             run[key].seconds, run[key].count, run[key].peak = t.seconds, t.count, t.peak
+            run[key].total = t.total
         self._fold_window(run)  # steps since the last table
         for (depth, name), t in run.items():
             name = "  " * depth + name
             lines.append(
-                f"{name:<24}{fmt_seconds(t.seconds):>12}{100.0 * t.seconds / wall:>8.1f}%"
-                f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t.peak):>10}"
+                f"{name:<24}{fmt_seconds(t.seconds):>12}{_pct(100.0 * t.seconds / wall, t):>9}"
+                f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"
             )
         return "\n".join(lines)
 
@@ -280,3 +305,9 @@ class ConsoleReporter:
 def record_line(directory: str) -> str:
     """Where the run record is, and the command that makes its report."""
     return f"otel-train: run record in {directory}  (report: otel-train report {directory})"
+
+
+def _pct(pct: float, t: _PhaseTotals) -> str:
+    """A share of this process's time; none for another process's phase (it ran beside
+    the steps, not in them)."""
+    return "-" if t.remote else f"{pct:.1f}%"

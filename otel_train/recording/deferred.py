@@ -247,9 +247,10 @@ class DeferredLog(PhaseMachine):
             self._adapter_counts(item[3], item[4], item[5])
         elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
             self._link_at(item[3])
-        elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None)
+        elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None, span)
             if self.enabled:  # (the holder counts as an open tree: only if entered)
-                self._enter_at(item[3], item[1], item[0], self._remote_holder(item[1], item[4]))
+                holder = self._remote_holder(item[1], item[4], item[5])
+                self._enter_at(item[3], item[1], item[0], holder)
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 

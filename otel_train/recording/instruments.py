@@ -129,7 +129,7 @@ def _histogram(meter: metrics.Meter, spec: c.MetricSpec) -> Any:
             spec.name,
             unit=spec.unit,
             description=spec.description,
-            explicit_bucket_boundaries_advisory=list(c.DURATION_BUCKETS),
+            explicit_bucket_boundaries_advisory=list(spec.buckets or c.DURATION_BUCKETS),
         )
     except TypeError:  # pragma: no cover - API older than 1.23 has no bucket advice
         return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description)

@@ -79,12 +79,12 @@ class StepLink(NamedTuple):
 
 
 def carrier_dict(
-    link: StepLink, step_index: int, run: str | None, policy_version: int | None
+    link: StepLink, step_index: int | None, run: str | None, policy_version: int | None
 ) -> dict[str, str]:
     """The carrier of ``link``'s step: its ``traceparent`` and ``baggage`` (``run``: this
     run's id, if known)."""
     flags = "01" if link.sampled else "00"
-    items = [f"{_STEP}={step_index}"]
+    items = [f"{_STEP}={step_index}"] if step_index is not None else []
     if run is not None:
         items.append(f"{_RUN}={_escape(run)}")
     if policy_version is not None:

@@ -22,9 +22,21 @@ from ..settings import ConfigError, Settings
 from .device import EventPool
 from .links import CarrierGate, Parent, StepLink, new_ids
 from .memory import CudaMemoryTracker
-from .records import P_EV0, P_EV1, P_NAME, P_PARENT, P_SEQ, P_T1, OpenStep, new_stack
+from .records import (
+    P_EV0,
+    P_EV1,
+    P_MEMORY,
+    P_NAME,
+    P_PARENT,
+    P_SECONDS,
+    P_SEQ,
+    P_T1,
+    OpenStep,
+    new_stack,
+)
 from .resolved import HOST_PHASES
 from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_ORPHANS, MAX_STACK, REMOTE
+from .tokens import MAX_PRODUCED
 from .values import add_count
 
 if TYPE_CHECKING:
@@ -79,6 +91,8 @@ class StepMachine:
         # carrier names (the session sets it), and which of them do (links.py).
         self.carriers = False
         self._gate = CarrierGate(settings)
+        # Remote trees' figures by their span's id, until produced() takes them.
+        self.produced_figures: dict[int, tuple[float, Any]] = {}
         if settings.device_timing == "cuda" and not torch.cuda.is_available():
             raise ConfigError(
                 "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
@@ -223,6 +237,7 @@ class StepMachine:
             holder.ev1 = self.events.record() if holder.ev0 is not None else None
             holder.closed = True
             self._queue(holder)
+            self._keep_produced(holder)
             return
         step = self._current
         if step is not None:
@@ -232,6 +247,17 @@ class StepMachine:
         if len(orphans) >= MAX_ORPHANS:
             self._drop_tree(orphans.popleft())
         orphans.append(holder)
+
+    def _keep_produced(self, holder: OpenStep) -> None:
+        """A remote tree's figures (its outermost phase's host seconds and memory), for
+        its scope's produced() (tokens.py): the last MAX_PRODUCED trees only."""
+        produced, link = self.produced_figures, holder.link
+        if link is None:
+            return
+        if len(produced) >= MAX_PRODUCED:
+            del produced[next(iter(produced))]
+        row = holder.phases[-1]
+        produced[link.span_id] = (row[P_SECONDS], row[P_MEMORY])
 
     @staticmethod
     def _home(holder: OpenStep, step: OpenStep) -> None:
@@ -358,17 +384,20 @@ class StepMachine:
         if step is not None and step.link is None and parent[2]:
             step.link = StepLink.under(Parent(*parent))
 
-    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None) -> OpenStep:
+    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None, span: int) -> OpenStep:
         """The tree of a remote phase entered at ``t``: in no step here; a span in the
-        trace ``parent`` names if sampled there, else metrics only (links.py)."""
+        trace ``parent`` names if sampled there, else metrics only (links.py); its
+        outermost span's id is ``span`` (what its token names, tokens.py)."""
         if self._want_cuda and not self._cuda:
             self._refresh_cuda()
         if self._cuda:
             holder = OpenStep(-1, t, REMOTE, self.events.record(), torch.cuda.current_device())
         else:
             holder = OpenStep(-1, t, REMOTE, None, None)
-        if parent is not None and parent[2]:
-            holder.link = StepLink.under(Parent(*parent))
+        if parent is not None:
+            holder.link = StepLink.under(Parent(*parent))._replace(span_id=span)
+        else:  # (a bad carrier: no trace, but produced() finds its figures by the id)
+            holder.link = StepLink(0, span, 0, False)
         self.background_open += 1
         return holder
 

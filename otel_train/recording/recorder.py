@@ -71,6 +71,7 @@ from .scopes import (
     StepScope,
     boundary,
 )
+from .tokens import MAX_CONSUMED, parse_token, produced_token, warn_bad_token
 from .values import clean_count, clean_name, raw_scalar
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ class Recorder(DeferredLog):
         self._scalar_names: set[str] = set()
         self.dropped_scalars = 0
         self._warned_parent = False  # a bad carrier is warned about once
+        self._warned_token = False  # and a bad token (tokens.py)
         self._run = run_id()  # this run's id, if known: carriers name it (links.py)
 
     # -- public scopes -------------------------------------------------------------
@@ -307,15 +309,64 @@ class Recorder(DeferredLog):
         except Exception:
             self._fail()
 
-    def enter_remote(self, name: str, parent: Parent | None) -> None:
-        """Enter a remote phase (its own tree, in no step here: links.py)."""
+    def enter_remote(self, name: str, parent: Parent | None, span: int) -> None:
+        """Enter a remote phase (its own tree, in no step here: links.py) whose outermost
+        span gets the id ``span``."""
         if not self.enabled:
             self._disabled()
             return
         try:
             item = (self._tls_stack(), perf_counter_ns(), ENTER_REMOTE, name,
-                    tuple(parent) if parent is not None else None)  # fmt: skip
+                    tuple(parent) if parent is not None else None, span)  # fmt: skip
             self._record(item, self._defer)
+        except Exception:
+            self._fail()
+
+    def produced(
+        self, name: str, parent: Parent | None, span: int, policy_version: Any = None
+    ) -> dict[str, str]:
+        """The token of the remote phase whose span is ``span`` (tokens.py): figures
+        once it has ended (the log applied first), else only its span."""
+        if not self.enabled or not span:
+            return {}
+        try:
+            with self._lock:
+                self._settle()
+                figures = self.produced_figures.pop(span, None)
+            version = clean_count(policy_version)
+            if parent is not None and version is not None:
+                parent = parent._replace(policy_version=version)
+            mem = self.memory
+            total = mem.total_bytes if mem is not None else None
+            role = self.settings.role
+            return produced_token(name, parent, span, self._run, role, figures, total)
+        except Exception:
+            self._fail()
+            return {}
+
+    def consumed(self, token: Any, policy_version: Any = None) -> None:
+        """The open step consumed what ``token`` names (tokens.py): a span link to it,
+        its staleness, its figures in the console; a bad token warns once."""
+        if not self.enabled:
+            return
+        try:
+            try:
+                got, why = parse_token(token, self._run, clean_count(policy_version))
+            except Exception:
+                got, why = None, "a token that could not be read"
+            with self._lock:
+                self._settle()
+                step = self._current
+                if got is not None and step is None:
+                    got, why = None, "a token outside any step"
+                if got is not None and step is not None:
+                    if step.consumed is None:
+                        step.consumed = []
+                    if len(step.consumed) < MAX_CONSUMED:
+                        step.consumed.append(got)
+            if got is None and not self._warned_token:
+                self._warned_token = True
+                warn_bad_token(why)
         except Exception:
             self._fail()
 

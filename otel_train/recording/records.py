@@ -20,6 +20,7 @@ from .scopes import CYCLE, MAX_MESSAGE
 
 if TYPE_CHECKING:
     from .links import StepLink
+    from .tokens import Consumed
 
 # A phase stack entry (a list, mutated while the phase is open):
 # [name, seq, parent seq (-1: none), host t0, start event, the step it belongs to,
@@ -91,6 +92,7 @@ class OpenStep:
 
     __slots__ = (
         "closed",
+        "consumed",
         "device",
         "error",
         "ev0",
@@ -129,6 +131,7 @@ class OpenStep:
         self.closed = False
         self.device = device
         self.link: StepLink | None = None  # its place in a trace across processes
+        self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
 
 
 def describe_exception(exc_type: type[BaseException], exc: BaseException | None) -> tuple[Any, ...]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .links import StepLink
+    from .tokens import Consumed
 
 # Phases that run on the host by nature: timed with the host clock, no CUDA events.
 HOST_PHASES = frozenset({"data"})
@@ -56,6 +57,7 @@ class ResolvedPhase:
 class ResolvedStep:
     __slots__ = (
         "_phases",
+        "consumed",
         "dev_end",
         "dev_start",
         "device_seconds",
@@ -98,6 +100,7 @@ class ResolvedStep:
         self.sampled_because = ""
         self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
         self.link: StepLink | None = None  # when the step's trace crosses processes
+        self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
 
     @property
     def phases(self) -> list[ResolvedPhase]:

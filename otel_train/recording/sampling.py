@@ -6,7 +6,8 @@ steps or ``trace_window_seconds``, whichever closes first) the ``trace_slowest``
 slowest steps, plus every step that raised, the first step of each instrumentation
 (the run's first step among them), the first step of each step shape not seen
 before (at most ``MAX_NEW_SHAPES`` a run) and every step in a sampled trace across
-processes (links.py: it handed out a sampled carrier, or joined one). ``all`` traces
+processes (links.py: it handed out a sampled carrier, or joined one) or linking to a
+sampled rollout's span (tokens.py: consumed). ``all`` traces
 every step, ``none`` none.
 
 The step whose FLOPs were counted is no candidate for the slowest: counting makes it
@@ -102,8 +103,8 @@ class StepSampler:
             special.setdefault(x, "error")
         for x in block.linked:  # (the other process's part of the trace needs this one)
             link = block.step(x).link
-            assert link is not None
-            special.setdefault(x, link.reason)
+            reason = link.reason if link is not None and link.sampled else "consumed"
+            special.setdefault(x, reason)
         key = block.shape.key
         if key not in self._shapes and len(self._shapes) < MAX_NEW_SHAPES:
             self._shapes.add(key)

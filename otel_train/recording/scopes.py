@@ -7,6 +7,7 @@ machine's code, and so that the limits every module enforces are named in one pl
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -79,18 +80,27 @@ class PhaseScope:
 
 
 class RemotePhaseScope:
-    """``with recorder.phase(name, parent=carrier):`` a phase of another process's step."""
+    """``with recorder.phase(name, parent=carrier) as rollout:`` a phase of another
+    process's step; ``rollout.produced()`` afterwards: its token (tokens.py)."""
 
-    __slots__ = ("_name", "_parent", "_rec")
+    __slots__ = ("_name", "_parent", "_rec", "_span")
 
     def __init__(self, rec: Recorder, name: str, parent: Parent | None) -> None:
         self._rec = rec
         self._name = name
         self._parent = parent  # None: a bad carrier, timed here all the same
+        self._span = 0  # its span's id, chosen when entered (export/ids.py)
 
     def __enter__(self) -> RemotePhaseScope:
-        self._rec.enter_remote(self._name, self._parent)
+        self._span = int.from_bytes(os.urandom(8), "big") or 1
+        self._rec.enter_remote(self._name, self._parent, self._span)
         return self
+
+    def produced(self, policy_version: int | None = None) -> dict[str, str]:
+        """What the consuming step's ``otel_train.consumed()`` takes: this phase's span
+        (when its carrier was sampled) and, once it has ended, its figures. The policy
+        version is the carrier's unless given here (the weights this process used)."""
+        return self._rec.produced(self._name, self._parent, self._span, policy_version)
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         self._rec.exit(et, ev, self._name)

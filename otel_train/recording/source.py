@@ -112,7 +112,7 @@ class StepSource:
     def _resolve(self, step: OpenStep) -> ResolvedStep:
         rs = ResolvedStep(step.index, step.t0, step.t1)
         rs.samples, rs.tokens, rs.padded = step.samples, step.tokens, step.padded
-        rs.link = step.link
+        rs.link, rs.consumed = step.link, step.consumed
         phases = step.phases
         phases.sort(key=_BY_SEQ)
         if step.scalars:

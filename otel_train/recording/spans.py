@@ -103,9 +103,16 @@ class SpanEmitter:
         if link is None or not link.sampled or not tree.rows:
             return None
         remote = SpanContext(link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED)
-        spans = self._phase_tree(
-            tree.phases, NonRecordingSpan(remote), link.step_index, link.policy_version
-        )
+        ids = self.ids  # the outermost phase's span gets the id its token names (tokens.py)
+        if ids is not None and link.span_id:
+            ids.choose(link.trace_id, link.span_id)
+        try:
+            spans = self._phase_tree(
+                tree.phases, NonRecordingSpan(remote), link.step_index, link.policy_version
+            )
+        finally:
+            if ids is not None:
+                ids.clear()
         self.emitted += len(spans)
         ctx = spans[tree.phases[0].seq].get_span_context()
         return ctx.trace_id, ctx.span_id
@@ -151,6 +158,7 @@ class SpanEmitter:
                 context=context,
                 kind=SpanKind.INTERNAL,
                 attributes=attrs,
+                links=_links(step.consumed) if step.consumed else None,
                 start_time=start,
             )
         finally:
@@ -218,3 +226,21 @@ class SpanEmitter:
                 )
             span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
         return span
+
+
+def _links(consumed: list[Any]) -> list[trace.Link]:
+    """A consuming step's links: one per consumed rollout whose span exists (tokens.py)."""
+    out = []
+    for x in consumed:
+        if not x.sampled or not x.trace_id:
+            continue
+        attrs: dict[str, Any] = {c.PHASE_NAME.key: x.name}
+        if x.policy_version is not None:
+            attrs[c.POLICY_VERSION.key] = x.policy_version
+        if x.staleness is not None:
+            attrs[c.LINK_STALENESS.key] = x.staleness
+        if x.seconds is not None:
+            attrs[c.PHASE_HOST_DURATION.key] = x.seconds
+        ctx = SpanContext(x.trace_id, x.span_id, is_remote=True, trace_flags=_SAMPLED)
+        out.append(trace.Link(ctx, attrs))
+    return out

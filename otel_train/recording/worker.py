@@ -30,6 +30,7 @@ from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .source import Batch, Counters, StepSource
 from .spans import SpanEmitter
+from .tokens import observe_staleness
 
 _log = logging.getLogger("otel_train")
 # Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
@@ -138,6 +139,7 @@ class Worker:
                 batch = self._take()
                 blocks: list[StepBlock] = batch.parts
                 n = self._update_metrics(blocks)
+                observe_staleness(blocks, self.agg, self.publisher)  # (RL: tokens.py)
                 if batch.remote:
                     self._remote_metrics(batch.remote)
             except Exception:

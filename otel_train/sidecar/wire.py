@@ -34,6 +34,7 @@ from ..recording.blocks import Template
 from ..recording.links import StepLink
 from ..recording.resolved import ResolvedStep
 from ..recording.source import Batch, Counters, Part
+from ..recording.tokens import Consumed
 
 HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
 READY, FAILED = range(11, 13)
@@ -90,8 +91,9 @@ def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
 
 def _step(s: ResolvedStep) -> tuple[Any, ...]:
     link = tuple(s.link) if s.link is not None else None
+    consumed = [tuple(x) for x in s.consumed] if s.consumed else None
     return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.padded, s.rows,
-            s.scalars, s.error, s.dev_start, s.dev_end, link)  # fmt: skip
+            s.scalars, s.error, s.dev_start, s.dev_end, link, consumed)  # fmt: skip
 
 
 def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
@@ -103,10 +105,14 @@ def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template])
             out.append(StepBlock.from_raw(templates[key], first, times, counts, scalars))
             continue
         steps = []
-        for index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link in item[1]:
+        for fields in item[1]:
+            index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link, used = (
+                fields
+            )
             rs = ResolvedStep(index, h0, h1)
             rs.samples, rs.tokens, rs.padded = samples, tokens, padded
             rs.link = StepLink(*link) if link is not None else None
+            rs.consumed = [Consumed(*x) for x in used] if used else None
             rs.rows, rs.scalars, rs.error = rows, scalars, error
             if d0 is not None:
                 rs.dev_start, rs.dev_end = d0, d1

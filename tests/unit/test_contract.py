@@ -84,10 +84,12 @@ def test_contract_names_are_unique_and_units_are_ucum() -> None:
         "{span}",
         "{flop}",
         "{flop}/s",
+        "{version}",
     }
     assert {m.unit for m in c.METRICS} <= allowed
     assert all(m.instrument in ("histogram", "counter", "gauge") for m in c.METRICS)
     assert list(c.DURATION_BUCKETS) == sorted(set(c.DURATION_BUCKETS))
+    assert list(c.STALENESS_BUCKETS) == sorted(set(c.STALENESS_BUCKETS))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +187,13 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
     wait_processed(2)
     with otel_train.step(samples=4, tokens=40), otel_train.phase("rollout"):
         otel_train.record(reward=1.5)
+        carrier = otel_train.carrier(policy_version=1)
     wait_processed(3)
+    with otel_train.phase("generate", parent=carrier) as generate:  # (RL: staleness)
+        pass
+    with otel_train.step(samples=4):
+        otel_train.consumed(generate.produced(), policy_version=3)
+    wait_processed(4)
     # Hold the worker off while 5 more steps finish: with room for 2 pending steps the
     # oldest 3 are dropped (and counted), never waited for.
     with session.worker._lock:
@@ -201,7 +209,7 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
     missing = expected - set(collected)
     assert not missing
     assert value(tel, c.DROPPED.name, reason="queue_full") == 3
-    assert value(tel, c.STEPS.name) == 2 + 1 + 2
+    assert value(tel, c.STEPS.name) == 2 + 2 + 2
     for spec in c.METRICS:
         metric = collected.get(spec.name)
         if metric is None:
