@@ -14,6 +14,8 @@ Dashboards:
 - RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
   of the iteration, reward.
 Histogram panels show exemplars; a click on one opens that step's trace in Jaeger.
+Duration histograms are native histograms (one series each: deploy/prometheus.yml), read
+with ``histogram_quantile``, ``histogram_sum`` and ``histogram_count``.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ STRAGGLER_SCORE = "job_rank:otel_train_straggler_score:min"
 STRAGGLER_THRESHOLD = 0.7  # the OtelTrainStraggler alert's threshold
 
 
-def n(spec: c.MetricSpec, series: str = "") -> str:
-    base = c.prometheus_base_name(spec)
-    return f"{base}_{series}" if series else base
+def n(spec: c.MetricSpec) -> str:
+    """The metric's name over OTLP (a histogram's: its one native-histogram series)."""
+    return c.prometheus_base_name(spec)
 
 
 def target(expr: str, legend: str, ref: str, exemplar: bool = False) -> dict[str, Any]:
@@ -156,17 +158,14 @@ def dashboard(
 
 
 def step_quantile(q: float, by: str = "") -> str:
-    group = f"le, {by}" if by else "le"
-    return (
-        f"histogram_quantile({q}, sum by ({group}) "
-        f"(rate({n(c.STEP_DURATION, 'bucket')}{{{F}}}[{RATE}])))"
-    )
+    group = f"sum by ({by})" if by else "sum"
+    return f"histogram_quantile({q}, {group} (rate({n(c.STEP_DURATION)}{{{F}}}[{RATE}])))"
 
 
 def phase_seconds_per_step(phases: str = "") -> str:
     sel = f'{F}, phase=~"{phases}"' if phases else F
     return (
-        f"sum by (phase) (rate({n(c.PHASE_DURATION, 'sum')}{{{sel}}}[{RATE}])) "
+        f"sum by (phase) (histogram_sum(rate({n(c.PHASE_DURATION)}{{{sel}}}[{RATE}]))) "
         f"/ scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))"
     )
 
@@ -385,12 +384,13 @@ RL_ONLY = "rollout|train|weight_sync"  # a plain loop has an optimizer phase too
 
 def rl_loop() -> dict[str, Any]:
     share = (
-        f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{{F}, phase=~"{RL}"}}[{RATE}])) '
-        f"/ scalar(sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])))"
+        "sum by (phase) (histogram_sum(rate("
+        f'{n(c.PHASE_DURATION)}{{{F}, phase=~"{RL}"}}[{RATE}]))) '
+        f"/ scalar(sum(histogram_sum(rate({n(c.STEP_DURATION)}{{{F}}}[{RATE}]))))"
     )
     quantile = (
-        f"histogram_quantile(0.95, sum by (le, phase) (rate("
-        f'{n(c.PHASE_DURATION, "bucket")}{{{F}, phase=~"{RL}"}}[{RATE}])))'
+        f"histogram_quantile(0.95, sum by (phase) (rate("
+        f'{n(c.PHASE_DURATION)}{{{F}, phase=~"{RL}"}}[{RATE}])))'
     )
     panels = [
         panel(
@@ -426,7 +426,7 @@ def rl_loop() -> dict[str, Any]:
             (12, 16, 12, 8),
         ),
     ]
-    jobs = f'{n(c.PHASE_DURATION, "count")}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
+    jobs = f'{n(c.PHASE_DURATION)}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
     return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"], jobs)
 
 
