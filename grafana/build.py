@@ -32,6 +32,7 @@ from otel_train import contract as c
 HERE = Path(__file__).resolve().parent
 PROM_UID = "otel-train-prometheus"
 JAEGER_UID = "otel-train-jaeger"
+THANOS_UID = "otel-train-thanos"
 PROM = {"type": "prometheus", "uid": PROM_UID}
 
 # Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
@@ -440,6 +441,21 @@ datasources:
     access: proxy
     url: http://prometheus:9090
     isDefault: true
+    editable: false
+    jsonData:
+      httpMethod: POST
+      timeInterval: 15s
+      exemplarTraceIdDestinations:
+        - name: trace_id
+          datasourceUid: {JAEGER_UID}
+  # The same PromQL over the horizontally scalable store (deploy/: Prometheus remote-writes
+  # to Thanos receive). In compose Thanos query runs in Prometheus's network namespace.
+  # Point a dashboard's panels at it where one Prometheus no longer holds every job.
+  - name: Thanos
+    type: prometheus
+    uid: {THANOS_UID}
+    access: proxy
+    url: http://prometheus:10904
     editable: false
     jsonData:
       httpMethod: POST

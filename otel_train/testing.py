@@ -45,9 +45,7 @@ class InMemoryTelemetry:
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.meter_provider, self.reader = in_memory_meter_provider(
-            otlp_histograms=otlp_histograms
-        )
+        self.meter_provider, self.reader = in_memory_meter_provider(otlp_histograms=otlp_histograms)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """``otel_train.flush()`` when the live session records into these providers:
