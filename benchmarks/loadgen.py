@@ -16,12 +16,16 @@ It starts the stack from deploy/ (scripts/stack up) on free loopback ports in a 
 run dir and stops it at the end. For each rank count it holds the load for ``--hold``
 seconds and reports, from the Collector's own metrics: points and spans accepted, refused
 (the memory limiter) and failed to send (exporters), the exporters' queue size; the
-generator's HTTP errors and whether it kept the schedule; CPU used by the Collector and
-Prometheus; and from Prometheus the series per rank. Bounded: at most 20000 ranks and
+generator's HTTP errors and whether it kept the schedule; CPU and memory (RSS) of every
+server (Collector, Prometheus, Jaeger, Thanos receive and query); Prometheus's and Thanos
+receive's head series, Go heap and samples appended per second; and from Prometheus the
+series per rank. The duration histograms go as otel-train sends them over OTLP
+(exponential, stored as native histograms); ``--classic`` sends explicit buckets and
+stores them as classic histograms, the form before. Bounded: at most 20000 ranks and
 ``--max-seconds`` in all; loopback only.
 
 Usage: python benchmarks/loadgen.py [--ranks 250,500,1000] [--hold 30] [--interval 10]
-                                   [--per-request 1] [--step-seconds 1]
+                                   [--per-request 1] [--step-seconds 1] [--classic]
 """
 
 from __future__ import annotations
@@ -41,8 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,7 @@ import torch
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from prometheus_client.parser import text_string_to_metric_families
+from stack_probe import collector_counters, proc_cpu, prometheus_series, server_stats
 
 import otel_train
 from otel_train import contract as c
@@ -66,9 +68,11 @@ RANKS_PER_NODE = 8
 # --- real shapes ---------------------------------------------------------------------------
 
 
-def capture_shapes() -> tuple[Any, Any]:
-    """(one step trace, one metric collection) of a real instrumented loop, as OTLP protobuf."""
-    tel = InMemoryTelemetry()
+def capture_shapes(classic: bool) -> tuple[Any, Any]:
+    """(one step trace, one metric collection) of a real instrumented loop, as OTLP protobuf:
+    the duration histograms as otel-train's OTLP reader sends them (exponential buckets), or
+    with ``classic`` explicit buckets."""
+    tel = InMemoryTelemetry(otlp_histograms=not classic)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(8)]
@@ -219,6 +223,7 @@ def run_level(
     sender = Sender(stack["ports"]["OTLP_HTTP"])
     window = min(1000 * args.step_seconds, 60.0)
     before = collector_counters(stack)
+    stats0 = server_stats(stack)
     cpu0 = {k: proc_cpu(pid) for k, pid in stack["pids"].items()}
     t0 = time.monotonic()
     lag_max = 0.0
@@ -262,6 +267,13 @@ def run_level(
     after = collector_counters(stack)
     cpu = {k: (proc_cpu(pid) - cpu0[k]) / elapsed for k, pid in stack["pids"].items()}
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    time.sleep(0 if args.collector_only else 5.0)  # Prometheus's remote write (5 s batches)
+    stats = server_stats(stack)
+    appended = {
+        k.replace("samples_appended", "samples_per_s"): round((v - stats0.get(k, 0.0)) / elapsed)
+        for k, v in stats.items()
+        if k.startswith("samples_appended")
+    }
     try:
         series = {} if args.collector_only else prometheus_series(stack, job, n)
     except OSError as err:  # an overloaded Prometheus times out: that is a finding too
@@ -282,64 +294,9 @@ def run_level(
         "collector": {k: v for k, v in delta.items() if v},
         "queue_size_max": after.get("queue_size", 0.0),
         "cpu_cores": {k: round(v, 3) for k, v in cpu.items()},
+        "memory": {k: round(v, 1) for k, v in stats.items() if "samples" not in k},
+        "samples_per_s": appended,
         "series": series,
-    }
-
-
-# --- measuring -----------------------------------------------------------------------------
-
-
-def collector_counters(stack: dict[str, Any]) -> dict[str, float]:
-    """Sums of the Collector's own counters we care about (its /metrics)."""
-    url = f"http://127.0.0.1:{stack['ports']['COLLECTOR_METRICS']}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            name = s.name
-            exporter = s.labels.get("exporter", "")
-            if exporter.startswith("debug"):
-                continue
-            key = None
-            if name.startswith("otelcol_receiver_") and name.endswith("_total"):
-                key = name.removeprefix("otelcol_").removesuffix("_total")
-            elif name.startswith("otelcol_exporter_") and name.endswith("_total"):
-                key = f"{name.removeprefix('otelcol_').removesuffix('_total')}[{exporter}]"
-            elif name == "otelcol_exporter_queue_size":
-                out["queue_size"] = max(out.get("queue_size", 0.0), s.value)
-            elif name.startswith("otelcol_processor_") and "refused" in name:
-                key = name.removeprefix("otelcol_").removesuffix("_total")
-            if key:
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def prometheus_series(stack: dict[str, Any], job: str, n: int) -> dict[str, Any]:
-    base = f"http://127.0.0.1:{stack['ports']['PROMETHEUS']}/api/v1/query?"
-
-    def query(q: str) -> list[Any]:
-        url = base + urllib.parse.urlencode({"query": q})
-        body = json.loads(urllib.request.urlopen(url, timeout=60).read())
-        return body["data"]["result"]  # type: ignore[no-any-return]
-
-    raw = f'job="{job}", otel_train_rank!="", __name__!~".*:.*"'
-    per_rank = query(f"count by (otel_train_rank) ({{{raw}}})")
-    rules = query(f'count({{job="{job}", otel_train_rank!="", __name__=~".*:.*"}})')
-    counts = sorted(int(r["value"][1]) for r in per_rank)
-    total = query(f'count({{job="{job}"}})')
-    names = query(f'count by (__name__) ({{job="{job}", otel_train_rank=""}})')
-    return {
-        "ranks_seen": len(counts),
-        "per_rank_min": counts[0] if counts else 0,
-        "per_rank_max": counts[-1] if counts else 0,
-        "recorded_by_rules_per_rank": int(rules[0]["value"][1]) / max(1, n) if rules else 0,
-        "total": int(total[0]["value"][1]) if total else 0,
-        "without_rank_label": {r["metric"]["__name__"]: int(r["value"][1]) for r in names},
     }
 
 
@@ -364,10 +321,28 @@ def collector_only_config(run_dir: Path) -> Path:
     return path
 
 
-def start_stack(run_dir: Path, collector_only: bool) -> dict[str, Any]:
+def classic_prometheus_config(run_dir: Path) -> Path:
+    """deploy/prometheus.yml storing explicit-bucket histograms as classic histograms (one
+    series per bucket, _sum and _count), as before native histograms: the "before" run."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    config["otlp"]["convert_histograms_to_nhcb"] = False
+    config["rule_files"] = [str(ROOT / "deploy" / "prometheus" / "rules" / "*.yml")]
+    for job in config["scrape_configs"]:
+        job["file_sd_configs"] = [{"files": [str(ROOT / "deploy/prometheus/targets/*.yml")]}]
+    path = run_dir / "prometheus-classic" / "prometheus.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_stack(run_dir: Path, collector_only: bool, classic: bool) -> dict[str, Any]:
     env = dict(os.environ, OTEL_TRAIN_STACK_RUN=str(run_dir), OTEL_TRAIN_STACK_HOST="127.0.0.1")
     if collector_only:
         env["OTEL_TRAIN_STACK_COLLECTOR_CONFIG"] = str(collector_only_config(run_dir))
+    if classic:
+        env["OTEL_TRAIN_STACK_PROMETHEUS_CONFIG"] = str(classic_prometheus_config(run_dir))
     loader = importlib.machinery.SourceFileLoader("otel_train_stack_loadgen", STACK[1])
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
@@ -399,6 +374,11 @@ def main() -> None:
         action="store_true",
         help="metrics end in the Collector's debug exporter (no Prometheus ingest)",
     )
+    ap.add_argument(
+        "--classic",
+        action="store_true",
+        help="explicit-bucket histograms stored as classic ones (the form before native ones)",
+    )
     ap.add_argument("--max-seconds", type=float, default=900.0, help="hard cap on the run")
     args = ap.parse_args()
     levels = [int(x) for x in args.ranks.split(",")]
@@ -406,7 +386,7 @@ def main() -> None:
         raise SystemExit(f"--ranks must be between 1 and {MAX_RANKS}")
     if (args.hold + 15) * len(levels) > args.max_seconds:
         raise SystemExit("--hold x levels exceeds --max-seconds")
-    trace, metrics = capture_shapes()
+    trace, metrics = capture_shapes(args.classic)
     points, spans = count_payload(metrics, trace)
     print(f"payload per rank: {points} metric points per export, {spans} spans per step trace")
     names = sorted(
@@ -414,7 +394,7 @@ def main() -> None:
     )
     print(f"metrics: {', '.join(names)}")
     with tempfile.TemporaryDirectory(prefix="otel-train-loadgen-") as tmp:
-        stack = start_stack(Path(tmp), args.collector_only)
+        stack = start_stack(Path(tmp), args.collector_only, args.classic)
         try:
             for n in levels:
                 print(json.dumps(run_level(n, args, stack, trace, metrics)), flush=True)

@@ -15,6 +15,8 @@ Dashboards:
   of the iteration, reward; the generator processes' time against the trainer's per
   step and the policy staleness of consumed rollouts (issue 15).
 Histogram panels show exemplars; a click on one opens that step's trace in Jaeger.
+Duration histograms are native histograms (one series each: deploy/prometheus.yml), read
+with ``histogram_quantile``, ``histogram_sum`` and ``histogram_count``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from otel_train import contract as c
 HERE = Path(__file__).resolve().parent
 PROM_UID = "otel-train-prometheus"
 JAEGER_UID = "otel-train-jaeger"
+THANOS_UID = "otel-train-thanos"
 PROM = {"type": "prometheus", "uid": PROM_UID}
 
 # Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
@@ -44,9 +47,9 @@ STRAGGLER_SCORE = "job_rank:otel_train_straggler_score:min"
 STRAGGLER_THRESHOLD = 0.7  # the OtelTrainStraggler alert's threshold
 
 
-def n(spec: c.MetricSpec, series: str = "") -> str:
-    base = c.prometheus_base_name(spec)
-    return f"{base}_{series}" if series else base
+def n(spec: c.MetricSpec) -> str:
+    """The metric's name over OTLP (a histogram's: its one native-histogram series)."""
+    return c.prometheus_base_name(spec)
 
 
 def target(expr: str, legend: str, ref: str, exemplar: bool = False) -> dict[str, Any]:
@@ -157,17 +160,14 @@ def dashboard(
 
 
 def step_quantile(q: float, by: str = "") -> str:
-    group = f"le, {by}" if by else "le"
-    return (
-        f"histogram_quantile({q}, sum by ({group}) "
-        f"(rate({n(c.STEP_DURATION, 'bucket')}{{{F}}}[{RATE}])))"
-    )
+    group = f"sum by ({by})" if by else "sum"
+    return f"histogram_quantile({q}, {group} (rate({n(c.STEP_DURATION)}{{{F}}}[{RATE}])))"
 
 
 def phase_seconds_per_step(phases: str = "") -> str:
     sel = f'{F}, phase=~"{phases}"' if phases else F
     return (
-        f"sum by (phase) (rate({n(c.PHASE_DURATION, 'sum')}{{{sel}}}[{RATE}])) "
+        f"sum by (phase) (histogram_sum(rate({n(c.PHASE_DURATION)}{{{sel}}}[{RATE}]))) "
         f"/ scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))"
     )
 
@@ -386,12 +386,13 @@ RL_ONLY = "rollout|train|weight_sync"  # a plain loop has an optimizer phase too
 
 def rl_loop() -> dict[str, Any]:
     share = (
-        f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{{F}, phase=~"{RL}"}}[{RATE}])) '
-        f"/ scalar(sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])))"
+        "sum by (phase) (histogram_sum(rate("
+        f'{n(c.PHASE_DURATION)}{{{F}, phase=~"{RL}"}}[{RATE}]))) '
+        f"/ scalar(sum(histogram_sum(rate({n(c.STEP_DURATION)}{{{F}}}[{RATE}]))))"
     )
     quantile = (
-        f"histogram_quantile(0.95, sum by (le, phase) (rate("
-        f'{n(c.PHASE_DURATION, "bucket")}{{{F}, phase=~"{RL}"}}[{RATE}])))'
+        f"histogram_quantile(0.95, sum by (phase) (rate("
+        f'{n(c.PHASE_DURATION)}{{{F}, phase=~"{RL}"}}[{RATE}])))'
     )
     panels = [
         panel(
@@ -428,7 +429,7 @@ def rl_loop() -> dict[str, Any]:
         ),
     ]
     panels += cross_process_panels(24)
-    jobs = f'{n(c.PHASE_DURATION, "count")}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
+    jobs = f'{n(c.PHASE_DURATION)}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
     return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"], jobs)
 
 
@@ -441,11 +442,11 @@ def cross_process_panels(y: int) -> list[dict[str, Any]]:
     steps = f"scalar(sum(rate({n(c.STEPS)}{{{F}}}[{RATE}])))"
     # The generators of the trainer's run: the same otel_train_job (both unset alike).
     generator = (
-        f'sum by (phase) (rate({n(c.PHASE_DURATION, "sum")}{{otel_train_role="generator", '
-        f'phase=~"rollout|weight_sync", {OTLP}}}[{RATE}]) '
+        f'sum by (phase) (histogram_sum(rate({n(c.PHASE_DURATION)}{{otel_train_role="generator", '
+        f'phase=~"rollout|weight_sync", {OTLP}}}[{RATE}])) '
         f"and on (otel_train_job) {n(c.STEPS)}{{{F}}}) / {steps}"
     )
-    trainer = f"sum(rate({n(c.STEP_DURATION, 'sum')}{{{F}}}[{RATE}])) / {steps}"
+    trainer = f"sum(histogram_sum(rate({n(c.STEP_DURATION)}{{{F}}}[{RATE}]))) / {steps}"
     stale = n(c.POLICY_STALENESS)
     return [
         panel(
@@ -464,13 +465,13 @@ def cross_process_panels(y: int) -> list[dict[str, Any]]:
             CROSS_PROCESS_PANELS[1],
             [
                 target(
-                    f"sum(rate({stale}_sum{{{F}}}[{RATE}])) "
-                    f"/ sum(rate({stale}_count{{{F}}}[{RATE}]))",
+                    f"sum(histogram_sum(rate({stale}{{{F}}}[{RATE}]))) "
+                    f"/ sum(histogram_count(rate({stale}{{{F}}}[{RATE}])))",
                     "mean",
                     "A",
                 ),
                 target(
-                    f"histogram_quantile(0.95, sum by (le) (rate({stale}_bucket{{{F}}}[{RATE}])))",
+                    f"histogram_quantile(0.95, sum(rate({stale}{{{F}}}[{RATE}])))",
                     "p95",
                     "B",
                 ),
@@ -493,6 +494,21 @@ datasources:
     access: proxy
     url: http://prometheus:9090
     isDefault: true
+    editable: false
+    jsonData:
+      httpMethod: POST
+      timeInterval: 15s
+      exemplarTraceIdDestinations:
+        - name: trace_id
+          datasourceUid: {JAEGER_UID}
+  # The same PromQL over the horizontally scalable store (deploy/: Prometheus remote-writes
+  # to Thanos receive). In compose Thanos query runs in Prometheus's network namespace.
+  # Point a dashboard's panels at it where one Prometheus no longer holds every job.
+  - name: Thanos
+    type: prometheus
+    uid: {THANOS_UID}
+    access: proxy
+    url: http://prometheus:10904
     editable: false
     jsonData:
       httpMethod: POST

@@ -39,11 +39,13 @@ class InMemoryTelemetry:
     """A tracer provider with an in-memory exporter and a meter provider with an in-memory
     reader that carries otel-train's histogram bridge (as its own providers do)."""
 
-    def __init__(self) -> None:
+    def __init__(self, otlp_histograms: bool = False) -> None:
+        """``otlp_histograms``: the duration histograms in the form otel-train's OTLP reader
+        exports them (base-2 exponential buckets) instead of explicit buckets."""
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.meter_provider, self.reader = in_memory_meter_provider()
+        self.meter_provider, self.reader = in_memory_meter_provider(otlp_histograms=otlp_histograms)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """``otel_train.flush()`` when the live session records into these providers:

@@ -12,7 +12,7 @@ Its parts, each importing only those below it (and nothing else of otel-train)::
     markdown    ─► all below      render_markdown(): the text of docs/telemetry.md
     prometheus  ─► specs          prometheus_names(): OTel name + unit -> Prometheus series
     spans       ─► attributes, events, specs   STEP_SPAN, PHASE_SPAN, ADAPTER_PHASES
-    metrics     ─► specs          every MetricSpec, METRICS, A_* keys, DURATION_BUCKETS
+    metrics     ─► specs          every MetricSpec, METRICS, A_* keys, DURATION_* buckets
     events      ─► specs          OOM, profile and memory-snapshot span events, EVENTS
     attributes  ─► specs          step, phase and resource AttributeSpecs
     specs                         AttributeSpec, SpanSpec, MetricSpec, SCOPE_NAME
@@ -90,6 +90,8 @@ from .metrics import (
     DEVICE_PEAK_FLOPS,
     DROPPED,
     DURATION_BUCKETS,
+    DURATION_MAX_SCALE,
+    DURATION_MAX_SIZE,
     FLOPS_COUNT_COST,
     FLOPS_PER_STEP,
     GOODPUT,
@@ -148,6 +150,8 @@ __all__ = [
     "DEVICE_PEAK_FLOPS",
     "DROPPED",
     "DURATION_BUCKETS",
+    "DURATION_MAX_SCALE",
+    "DURATION_MAX_SIZE",
     "EVENTS",
     "FLOPS_COUNT_COST",
     "FLOPS_PER_STEP",

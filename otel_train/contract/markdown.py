@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from .attributes import RESOURCE_ATTRIBUTES
 from .events import EVENTS
-from .metrics import DURATION_BUCKETS, METRIC_ATTRIBUTES, METRICS
+from .metrics import (
+    DURATION_BUCKETS,
+    DURATION_MAX_SCALE,
+    DURATION_MAX_SIZE,
+    METRIC_ATTRIBUTES,
+    METRICS,
+)
 from .prometheus import prometheus_base_name
 from .spans import ADAPTER_PHASES, SPANS
 from .specs import SCOPE_NAME
@@ -60,6 +66,13 @@ def render_markdown() -> str:
         "Prometheus names are those of Prometheus's OTLP receiver; the in-process `/metrics` "
         "endpoint names gauges of unit `1` without the `_ratio` suffix.",
         "",
+        "Over OTLP the duration histograms are base-2 exponential histograms (at most "
+        f"{DURATION_MAX_SIZE} buckets, scale {DURATION_MAX_SCALE} or lower: a bucket grows "
+        f"by {2**2**-DURATION_MAX_SCALE:.2f}x), which Prometheus stores as native "
+        "histograms: one series each, read with `histogram_quantile`, `histogram_sum` and "
+        "`histogram_count`. The in-process `/metrics` endpoint serves them as classic "
+        "histograms (`_bucket`, `_sum`, `_count`) with the explicit boundaries below.",
+        "",
         "| metric | instrument | unit | attributes | Prometheus | description |",
         "|---|---|---|---|---|---|",
     ]
@@ -69,7 +82,7 @@ def render_markdown() -> str:
         out.append(
             f"| `{m.name}` | {m.instrument} | `{m.unit}` | {attrs} | {prom} | {m.description} |"
         )
-    out += ["", "Duration histogram bucket boundaries (seconds): "]
+    out += ["", "Explicit duration histogram bucket boundaries (seconds, `/metrics`): "]
     out.append(", ".join(f"{b:g}" for b in DURATION_BUCKETS) + ".")
     for m in METRICS:
         if m.buckets is not None:

@@ -31,7 +31,8 @@ def _unit_suffix(unit: str) -> str:
 
 
 def prometheus_base_name(spec: MetricSpec, source: str = "otlp") -> str:
-    """The metric's Prometheus name (before the _bucket/_sum/_count series suffixes).
+    """The metric's Prometheus name (a native histogram's name; a classic histogram's
+    before its _bucket/_sum/_count series suffixes).
 
     ``source="otlp"``: as Prometheus's OTLP receiver names it (translation strategy
     UnderscoreEscapingWithSuffixes; what the dashboards query). ``source="scrape"``: as
@@ -52,8 +53,15 @@ def prometheus_base_name(spec: MetricSpec, source: str = "otlp") -> str:
 
 
 def prometheus_names(spec: MetricSpec, source: str = "otlp") -> tuple[str, ...]:
-    """Every series name a query of this metric can use."""
+    """Every series name a query of this metric can use.
+
+    Over OTLP a histogram is one native-histogram series under the base name (exponential
+    buckets, or custom buckets when explicit ones are sent: ``convert_histograms_to_nhcb``
+    in deploy/prometheus.yml); queries read its parts with ``histogram_quantile``,
+    ``histogram_sum`` and ``histogram_count``. The ``/metrics`` endpoint writes classic
+    ``_bucket``/``_sum``/``_count`` series (the text format has no other).
+    """
     base = prometheus_base_name(spec, source)
-    if spec.instrument == "histogram":
+    if spec.instrument == "histogram" and source == "scrape":
         return (f"{base}_bucket", f"{base}_sum", f"{base}_count")
     return (base,)

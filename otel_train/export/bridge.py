@@ -3,7 +3,10 @@
 The recording core aggregates durations itself (see ``recording/aggregate.py``).
 Readers that otel-train builds are these subclasses: each collection merges the
 aggregator's histograms, with exemplars pointing at sampled step traces, into the
-``otel_train`` scope of the collected data, in the temporality the reader asked for.
+``otel_train`` scope of the collected data, in the temporality and the form the reader
+asked for: exponential buckets for a reader whose histogram aggregation is
+``ExponentialBucketHistogramAggregation`` (otel-train's OTLP reader by default, see
+``setup.py``), explicit buckets otherwise (the ``/metrics`` endpoint, in-memory readers).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
+    Buckets,
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
     Histogram,
     HistogramDataPoint,
     InMemoryMetricReader,
@@ -26,6 +32,7 @@ from opentelemetry.sdk.metrics.export import (
     ResourceMetrics,
     ScopeMetrics,
 )
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -51,67 +58,54 @@ class HistogramBridge:
         provider (a provider passed to several sessions in turn, as tests do)."""
         self.aggregator = aggregator
 
-    def metrics(self, reader_id: int, delta: bool) -> list[Metric]:
+    def metrics(self, reader_id: int, delta: bool, exponential: bool = False) -> list[Metric]:
+        """One collection of every histogram, in the reader's temporality and form."""
         agg = self.aggregator
         if agg is None:
             return []
         now = time.time_ns()
-        by_name: dict[str, list[HistogramDataPoint]] = {}
+        by_name: dict[str, list[Any]] = {}
+        point = _exponential_point if exponential else _explicit_point
         with self._lock:
             last = self._last.setdefault(reader_id, {})
             for name, attrs, h in agg.snapshot_histograms():
                 if h.count == 0:
                     continue
-                start = h.start_unix_nano
-                counts, total, count = h.counts, h.sum, h.count
-                lo, hi = h.min, h.max
+                start, before = h.start_unix_nano, None
                 if delta:
                     prev = last.get((name, attrs))
                     last[(name, attrs)] = (h, now)
                     if prev is not None:
                         before, start = prev
-                        counts = [a - b for a, b in zip(h.counts, before.counts, strict=True)]
-                        total, count = h.sum - before.sum, h.count - before.count
-                    if count == 0:
-                        continue
-                exemplars = [
-                    Exemplar({}, e.value, e.time_unix_nano, e.span_id, e.trace_id)
-                    for e in h.exemplars
-                    if e is not None
-                ]
-                by_name.setdefault(name, []).append(
-                    HistogramDataPoint(
-                        attributes=dict(attrs),
-                        start_time_unix_nano=start,
-                        time_unix_nano=now,
-                        count=count,
-                        sum=total,
-                        bucket_counts=list(counts),
-                        explicit_bounds=list(h.bounds),
-                        min=lo,
-                        max=hi,
-                        exemplars=exemplars,
-                    )
-                )
+                        if h.count == before.count:
+                            continue
+                by_name.setdefault(name, []).append(point(h, before, attrs, start, now))
         temporality = AggregationTemporality.DELTA if delta else AggregationTemporality.CUMULATIVE
+        kind = ExponentialHistogram if exponential else Histogram
         return [
             Metric(
                 name=name,
                 description=_SPECS[name].description,
                 unit=_SPECS[name].unit,
-                data=Histogram(data_points=points, aggregation_temporality=temporality),
+                data=kind(data_points=points, aggregation_temporality=temporality),
             )
             for name, points in by_name.items()
         ]
 
     def merge(self, reader: Any, data: MetricsData | None) -> MetricsData | None:
-        # The reader keys temporality by the SDK's private subclass (_Histogram), not by
-        # the public Histogram: look it up by subclass, or delta readers would get cumulative.
+        # The reader keys temporality and aggregation by the SDK's private subclass
+        # (_Histogram), not by the public Histogram: look them up by subclass, or delta
+        # readers would get cumulative and exponential ones explicit buckets.
         delta = any(
             issubclass(kind, SdkHistogram) and temporality == AggregationTemporality.DELTA
             for kind, temporality in reader._instrument_class_temporality.items()
         )
-        extra = self.metrics(id(reader), delta)
+        exponential = any(
+            issubclass(kind, SdkHistogram)
+            and isinstance(aggregation, ExponentialBucketHistogramAggregation)
+            for kind, aggregation in reader._instrument_class_aggregation.items()
+        )
+        extra = self.metrics(id(reader), delta, exponential)
         if not extra:
             return data
         if data is None or not data.resource_metrics:
@@ -127,6 +121,60 @@ class HistogramBridge:
         else:
             scopes.append(ScopeMetrics(self.scope, extra, ""))
         return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
+
+
+def _exemplars(h: HistogramState) -> list[Exemplar]:
+    return [
+        Exemplar({}, e.value, e.time_unix_nano, e.span_id, e.trace_id)
+        for e in h.exemplars
+        if e is not None
+    ]
+
+
+def _explicit_point(
+    h: HistogramState, before: HistogramState | None, attrs: Any, start: int, now: int
+) -> HistogramDataPoint:
+    counts, total, count = h.counts, h.sum, h.count
+    if before is not None:
+        counts = [a - b for a, b in zip(h.counts, before.counts, strict=True)]
+        total, count = h.sum - before.sum, h.count - before.count
+    return HistogramDataPoint(
+        attributes=dict(attrs),
+        start_time_unix_nano=start,
+        time_unix_nano=now,
+        count=count,
+        sum=total,
+        bucket_counts=list(counts),
+        explicit_bounds=list(h.bounds),
+        min=h.min,
+        max=h.max,
+        exemplars=_exemplars(h),
+    )
+
+
+def _exponential_point(
+    h: HistogramState, before: HistogramState | None, attrs: Any, start: int, now: int
+) -> ExponentialHistogramDataPoint:
+    exp, total, count = h.exp, h.sum, h.count
+    if before is not None:
+        exp = h.exp.minus(before.exp)
+        total, count = h.sum - before.sum, h.count - before.count
+    offset, counts = exp.dense()
+    return ExponentialHistogramDataPoint(
+        attributes=dict(attrs),
+        start_time_unix_nano=start,
+        time_unix_nano=now,
+        count=count,
+        sum=total,
+        scale=exp.scale,
+        zero_count=exp.zero_count,
+        positive=Buckets(offset, counts),
+        negative=Buckets(0, []),
+        flags=0,
+        min=h.min,
+        max=h.max,
+        exemplars=_exemplars(h),
+    )
 
 
 class _Bridged:

@@ -9,6 +9,12 @@ Decision order (first match wins):
    ``MeterProvider`` with the Prometheus reader behind ``/metrics`` (unless
    ``prometheus=False``) plus a periodic OTLP reader when an endpoint is configured.
    Its spans and metrics also go to the run record (record.py) unless ``run_dir='off'``.
+
+Histogram forms: the OTLP reader gets the duration histograms as base-2 exponential
+histograms (Prometheus's OTLP receiver stores each as one native-histogram series);
+``/metrics`` serves classic explicit buckets (``_bucket``/``_sum``/``_count``), the one
+histogram form of the Prometheus text format that prometheus_client writes and that any
+Prometheus scrapes without native-histogram settings (see ``otlp_histogram_aggregation``).
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from ..contract import DURATION_MAX_SCALE, DURATION_MAX_SIZE
 from ..settings import ConfigError, Settings
 from .bridge import (
     BridgedInMemoryReader,
@@ -55,6 +64,7 @@ _BRIDGES: WeakKeyDictionary[Any, HistogramBridge] = WeakKeyDictionary()
 OUTAGE_SHUTDOWN_S = 1.0  # shutdown's flush budget while an export outage is known
 _TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _METRIC_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+HISTOGRAM_AGGREGATION_ENV = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
 
 
 @dataclass
@@ -199,21 +209,34 @@ def _span_exporter(settings: Settings) -> SpanExporter:
     return OTLPSpanExporter(session=session)
 
 
+def otlp_histogram_aggregation() -> dict[type, Any]:
+    """The OTLP reader's histogram aggregation: base-2 exponential buckets (Prometheus
+    stores them as native histograms, one series each), at the scale the aggregator keeps
+    (``recording/exponential.py``). Only when the standard
+    ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` is set does the SDK's
+    reading of it decide instead (``explicit_bucket_histogram``: classic buckets)."""
+    if os.environ.get(HISTOGRAM_AGGREGATION_ENV):
+        return {}
+    return {
+        SdkHistogram: ExponentialBucketHistogramAggregation(
+            max_size=DURATION_MAX_SIZE, max_scale=DURATION_MAX_SCALE
+        )
+    }
+
+
 def _metric_exporter(settings: Settings) -> Any:
     base = settings.otlp_endpoint
+    kw: dict[str, Any] = {"preferred_aggregation": otlp_histogram_aggregation()}
     if settings.otlp_protocol == "grpc":
         mod = _import_grpc()
-        return (
-            mod.metric_exporter.OTLPMetricExporter(endpoint=base)
-            if base
-            else mod.metric_exporter.OTLPMetricExporter()
-        )
+        if base:
+            kw["endpoint"] = base
+        return mod.metric_exporter.OTLPMetricExporter(**kw)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    session = otlp_session("METRICS")
     if base:
-        return OTLPMetricExporter(endpoint=base.rstrip("/") + "/v1/metrics", session=session)
-    return OTLPMetricExporter(session=session)
+        kw["endpoint"] = base.rstrip("/") + "/v1/metrics"
+    return OTLPMetricExporter(session=otlp_session("METRICS"), **kw)
 
 
 def _import_grpc() -> Any:
@@ -389,13 +412,17 @@ def _record_parts(
     processors.append(SpanBatcher(RecordSpanExporter(traces), t.record_health))
 
 
-def in_memory_meter_provider(resource: Any = None, version: str = "") -> tuple[Any, Any]:
-    """A meter provider with a bridged in-memory reader (for tests and ``otel_train.testing``)."""
+def in_memory_meter_provider(
+    resource: Any = None, version: str = "", otlp_histograms: bool = False
+) -> tuple[Any, Any]:
+    """A meter provider with a bridged in-memory reader (for tests and ``otel_train.testing``):
+    explicit-bucket histograms, or with ``otlp_histograms`` the form the OTLP reader sends."""
     from opentelemetry.sdk.resources import Resource
 
     resource = resource or Resource.create({"service.name": "otel-train-test"})
     bridge = HistogramBridge(resource, version)
-    reader = BridgedInMemoryReader(bridge)
+    aggregation = otlp_histogram_aggregation() if otlp_histograms else None
+    reader = BridgedInMemoryReader(bridge, preferred_aggregation=aggregation)
     provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
     _BRIDGES[provider] = bridge
     return provider, reader

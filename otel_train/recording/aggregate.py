@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import DURATION_BUCKETS
+from .exponential import ExponentialBuckets
 
 Attrs = tuple[tuple[str, Any], ...]
 
@@ -32,10 +33,18 @@ class Exemplar:
 
 
 class HistogramState:
-    __slots__ = ("bounds", "count", "counts", "exemplars", "max", "min", "start_unix_nano", "sum")
+    """One histogram in both forms: explicit buckets (``counts``, upper bounds ``bounds``;
+    the in-process ``/metrics`` endpoint) and base-2 exponential buckets (``exp``; OTLP,
+    stored by Prometheus as a native histogram). Exemplars are kept one per explicit
+    bucket and go with either form."""
+
+    __slots__ = (
+        "bounds", "count", "counts", "exemplars", "exp", "max", "min", "start_unix_nano", "sum",
+    )  # fmt: skip
 
     def __init__(self, bounds: tuple[float, ...], start_unix_nano: int) -> None:
         self.bounds = bounds
+        self.exp = ExponentialBuckets()
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
         self.count = 0
@@ -46,6 +55,7 @@ class HistogramState:
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.exp.observe_many((value,))
         self.sum += value
         self.count += 1
         if value < self.min:
@@ -72,6 +82,7 @@ class HistogramState:
                 if upto == n:
                     break
         counts[-1] += n - below
+        self.exp.observe_many(values)
         self.sum = sum(values, self.sum)
         self.count += n
         if ordered[0] < self.min:
@@ -85,6 +96,7 @@ class HistogramState:
     def copy(self) -> HistogramState:
         out = HistogramState(self.bounds, self.start_unix_nano)
         out.counts = list(self.counts)
+        out.exp = self.exp.copy()
         out.sum, out.count, out.min, out.max = self.sum, self.count, self.min, self.max
         out.exemplars = list(self.exemplars)
         return out

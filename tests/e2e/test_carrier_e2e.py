@@ -170,11 +170,12 @@ def test_each_sampled_step_is_one_trace_with_the_generators_rollout_under_it(
 def test_rollouts_under_unsampled_carriers_feed_metrics_only(run: dict[str, Any]) -> None:
     stack, names = run["stack"], run["names"]
     sampled = {_ids(c_)[0] for c_ in run["carriers"] if _ids(c_)[2]}
-    count = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
+    base = c.prometheus_base_name(c.PHASE_DURATION)  # (a native histogram: one series)
     sel = f'{{job="{names["generator"]}", phase="rollout", otel_train_role="generator"}}'
 
     def every_rollout() -> Any:
-        got = prom(stack, "/api/v1/query", query=f"max_over_time({count}{sel}[10m])")["result"]
+        q = f"histogram_count(last_over_time({base}{sel}[10m]))"
+        got = prom(stack, "/api/v1/query", query=q)["result"]
         return got if got and float(got[0]["value"][1]) == STEPS else None
 
     poll(every_rollout, f"{STEPS} rollouts in the generator's phase metrics")
@@ -215,12 +216,13 @@ def test_weight_sync_is_timed_on_both_sides_under_one_carrier(run: dict[str, Any
         sides = {r["service.name"]: s for r, s in found}
         assert set(sides) == {names["trainer"], names["generator"]}
         assert all(s["parentSpanId"] == span_id for s in sides.values())  # the one step
-    count = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
+    base = c.prometheus_base_name(c.PHASE_DURATION)  # (a native histogram: one series)
     for job in names.values():
         sel = f'{{job="{job}", phase="weight_sync"}}'
 
         def every_sync(sel: str = sel) -> Any:
-            got = prom(stack, "/api/v1/query", query=f"max_over_time({count}{sel}[10m])")
+            q = f"histogram_count(last_over_time({base}{sel}[10m]))"
+            got = prom(stack, "/api/v1/query", query=q)
             result = got["result"]
             return result if result and float(result[0]["value"][1]) == STEPS else None
 
@@ -262,7 +264,7 @@ def test_an_off_policy_step_links_to_the_rollout_it_consumed(run: dict[str, Any]
     def staleness() -> Any:
         got = {}
         for part in ("count", "sum"):
-            q = f"max_over_time({name}_{part}{sel}[10m])"
+            q = f"histogram_{part}(last_over_time({name}{sel}[10m]))"
             result = prom(stack, "/api/v1/query", query=q)["result"]
             got[part] = float(result[0]["value"][1]) if result else None
         return got if got == {"count": STEPS - 1, "sum": STEPS - 1} else None

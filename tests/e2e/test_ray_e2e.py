@@ -147,14 +147,14 @@ def test_the_next_step_links_to_the_actors_rollout(run: dict[str, Any]) -> None:
         assert int(attrs(link)[c.LINK_STALENESS.key]) == 1
         linked += 1
     assert linked >= 1
-    count = c.prometheus_base_name(c.POLICY_STALENESS) + "_count"
-    rollouts = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
+    stale = c.prometheus_base_name(c.POLICY_STALENESS)  # (native histograms: one series)
+    rollouts = c.prometheus_base_name(c.PHASE_DURATION)
     names = run["names"]
     for query, want in (
-        (f'max_over_time({count}{{job="{names["trainer"]}"}}[10m])', STEPS - 1),
+        (f'histogram_count(last_over_time({stale}{{job="{names["trainer"]}"}}[10m]))', STEPS - 1),
         (
-            f'max_over_time({rollouts}{{job="{names["generator"]}", phase="rollout", '
-            f'otel_train_role="generator"}}[10m])',
+            f'histogram_count(last_over_time({rollouts}{{job="{names["generator"]}", '
+            f'phase="rollout", otel_train_role="generator"}}[10m]))',
             STEPS,
         ),
     ):

@@ -202,9 +202,11 @@ def test_prometheus_holds_phase_memory_and_throughput_series(
 ) -> None:
     job, n = runs[kind], runs["steps"][kind]
     sel = f'{{job="{job}"}}'
-    count = c.prometheus_base_name(c.PHASE_DURATION) + "_count"
+    phase = c.prometheus_base_name(c.PHASE_DURATION)
     result = poll(
-        lambda: prom(stack, "/api/v1/query", query=f"max_over_time({count}{sel}[10m])")["result"],
+        lambda: prom(
+            stack, "/api/v1/query", query=f"histogram_count(last_over_time({phase}{sel}[10m]))"
+        )["result"],
         "phase duration series",
     )
     per_phase = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
@@ -232,14 +234,43 @@ def test_prometheus_holds_phase_memory_and_throughput_series(
 
 
 @pytest.mark.parametrize("kind", sorted(BATCH))
+def test_histograms_are_native_and_a_rank_has_few_series(
+    stack: Any, runs: dict[str, Any], kind: str
+) -> None:
+    """The duration histograms arrive as exponential histograms and are stored as native
+    histograms: one series per histogram, no _bucket/_sum/_count series; so a rank has a
+    few dozen series, where classic buckets gave it 24 per histogram (docs/scale.md)."""
+    job = runs[kind]
+    for spec in (c.STEP_DURATION, c.PHASE_DURATION):
+        name = c.prometheus_base_name(spec)
+        result = prom(stack, "/api/v1/query", query=f'last_over_time({name}{{job="{job}"}}[10m])')
+        assert result["result"], f"no {name} series"
+        for r in result["result"]:
+            assert "histogram" in r and "value" not in r, r  # a native histogram sample
+        classic = prom(stack, "/api/v1/series", **{"match[]": f'{{__name__=~"{name}_.+"}}'})
+        assert not [x for x in classic if x.get("otel_train_source") != "scrape"], classic
+    series = prom(
+        stack,
+        "/api/v1/series",
+        **{"match[]": f'{{job="{job}", __name__!~".*:.*"}}', "start": str(runs["start"] - 60)},
+    )  # what the job sent, without the rules' recorded series
+    assert {x["otel_train_rank"] for x in series} == {"0"}
+    names = [x["__name__"] for x in series]
+    durations = {c.prometheus_base_name(s) for s in (c.STEP_DURATION, c.PHASE_DURATION)}
+    assert len([n for n in names if n in durations]) == 1 + 4  # the step, 4 phases
+    # The CPU loop of benchmarks/loadgen.py has 27; these runs add tokens, MFU and drops.
+    assert len(series) <= 40, sorted(names)
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH))
 def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any], kind: str) -> None:
     job = runs[kind]
-    bucket = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
+    step = c.prometheus_base_name(c.STEP_DURATION)
     data = poll(
         lambda: prom(
             stack,
             "/api/v1/query_exemplars",
-            query=f'{bucket}{{job="{job}"}}',
+            query=f'{step}{{job="{job}"}}',
             start=str(runs["start"] - 60),
             end=str(time.time() + 60),
         ),
@@ -317,6 +348,14 @@ def test_scraped_series_are_labelled_and_not_double_counted(
         "a scrape of the in-process /metrics",
     )
     assert all(r["metric"]["job"] == "otel-train-inprocess" for r in scraped)
+    # /metrics serves classic histograms; Prometheus stores them as native histograms with
+    # custom buckets (convert_classic_histograms_to_nhcb), the bounds of the contract.
+    step = c.prometheus_base_name(c.STEP_DURATION)
+    (native,) = prom(
+        stack, "/api/v1/query", query=f'last_over_time({step}{{otel_train_source="scrape"}}[10m])'
+    )["result"]
+    bounds = {float(b[2]) for b in native["histogram"][1]["buckets"]}
+    assert bounds <= set(c.DURATION_BUCKETS) | {float("inf")}, bounds
     otlp = prom(
         stack,
         "/api/v1/query",

@@ -102,10 +102,19 @@ def test_datasources_provisioning_and_uids() -> None:
             assert d.get(key), f"datasource {d.get('name')} lacks {key}"
     assert by_uid[BUILD.PROM_UID]["type"] == "prometheus"
     assert by_uid[BUILD.JAEGER_UID]["type"] == "jaeger"
-    dest = by_uid[BUILD.PROM_UID]["jsonData"]["exemplarTraceIdDestinations"]
-    assert all(x["datasourceUid"] in by_uid for x in dest)
-    # Exemplars arrive over OTLP with the trace id in the label Prometheus names trace_id.
-    assert {x["name"] for x in dest} == {"trace_id"}
+    # Thanos query, in Prometheus's network namespace in compose, on its HTTP address.
+    thanos = by_uid[BUILD.THANOS_UID]
+    assert thanos["type"] == "prometheus"
+    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
+    query = compose["services"]["thanos-query"]
+    assert query["network_mode"] == "service:prometheus"
+    address = next(a for a in query["command"] if a.startswith("--http-address="))
+    assert thanos["url"] == f"http://prometheus:{address.rsplit(':', 1)[1]}"
+    for uid in (BUILD.PROM_UID, BUILD.THANOS_UID):
+        dest = by_uid[uid]["jsonData"]["exemplarTraceIdDestinations"]
+        assert all(x["datasourceUid"] in by_uid for x in dest)
+        # Exemplars arrive over OTLP with the trace id in the label Prometheus names trace_id.
+        assert {x["name"] for x in dest} == {"trace_id"}
     for path in DASHBOARDS:
         dash = json.loads(path.read_text())
         uids = {p["datasource"]["uid"] for p in dash["panels"]}

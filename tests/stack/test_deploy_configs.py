@@ -68,6 +68,7 @@ def test_versions_file_is_complete(versions):
         "PROMETHEUS_VERSION",
         "PROMETHEUS_GO_MODULE_VERSION",
         "GRAFANA_VERSION",
+        "THANOS_VERSION",
     ):
         assert re.fullmatch(r"\d+\.\d+\.\d+", versions.get(key, "")), key
     assert versions["OCB_VERSION"] == versions["OTELCOL_VERSION"]
@@ -83,6 +84,8 @@ def test_compose_image_tags_match_versions(versions):
         "otel-collector": f"otel/opentelemetry-collector-contrib:{versions['OTELCOL_VERSION']}",
         "jaeger": f"jaegertracing/jaeger:{versions['JAEGER_VERSION']}",
         "prometheus": f"prom/prometheus:v{versions['PROMETHEUS_VERSION']}",
+        "thanos-receive": f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
+        "thanos-query": f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
         "grafana": f"grafana/grafana:{versions['GRAFANA_VERSION']}",
     }
 
@@ -109,6 +112,33 @@ def test_compose_mounts_the_deploy_configs():
     assert "../grafana/dashboards" in grafana
     published = {p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])}
     assert {"4317", "4318", "16686", "9090", "3000"} <= published
+
+
+def test_compose_runs_thanos_as_the_loopback_stack_does(stack_module):
+    """Thanos shares Prometheus's network namespace in compose, so prometheus.yml's loopback
+    remote write reaches it; its flags are those scripts/stack starts it with, but for the
+    addresses."""
+    services = load("compose.yaml")["services"]
+    (write,) = load("prometheus.yml")["remote_write"]
+    plan = stack_module.thanos_plan()
+    for name in ("thanos-receive", "thanos-query"):
+        svc = services[name]
+        assert svc["network_mode"] == "service:prometheus"
+        compose_flags = dict(a.split("=", 1) for a in svc["command"][1:])
+        local = dict(a.split("=", 1) for a in plan[name]["cmd"][2:])
+        assert svc["command"][0] == plan[name]["cmd"][1]  # the subcommand
+        assert set(compose_flags) == set(local)
+        where = {"--tsdb.path", "--endpoint.sd-config"}  # paths and addresses differ
+        for flag, value in local.items():
+            if not flag.endswith("-address") and flag not in where:
+                assert compose_flags[flag] == value, (name, flag)
+    receive = dict(a.split("=", 1) for a in services["thanos-receive"]["command"][1:])
+    assert write["url"] == f"http://{receive['--remote-write.address']}/api/v1/receive"
+    query = dict(a.split("=", 1) for a in services["thanos-query"]["command"][1:])
+    (endpoint,) = yaml.safe_load(query["--endpoint.sd-config"])["endpoints"]
+    assert endpoint["address"] == receive["--grpc-address"]
+    published = {p.split(":")[0] for p in services["prometheus"]["ports"]}
+    assert query["--http-address"].rsplit(":", 1)[1] in published
 
 
 def test_ocb_manifest_pins_one_release(versions):
@@ -304,15 +334,21 @@ def test_promtool_check_config(stack_bins):
     assert "WARNING" not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
-def test_stack_moves_the_in_process_target_to_the_training_port(stack_bins, stack_module, tmp_path):
+def test_stack_moves_the_in_process_target_and_the_store_to_their_ports(
+    stack_bins, stack_module, tmp_path
+):
     # Prometheus cannot expand environment variables in its config: `up` renders a copy.
     dest = tmp_path / "run" / "prometheus-config" / "prometheus.yml"
-    moved = stack_module.render_prometheus_config(DEPLOY / "prometheus.yml", dest, 19464)
-    assert moved == 1
+    ports = {"TRAINING_METRICS": 19464, "THANOS_RECEIVE_WRITE": 29291}
+    moved = stack_module.render_prometheus_config(DEPLOY / "prometheus.yml", dest, ports)
+    assert moved == 2
     rendered, original = yaml.safe_load(dest.read_text()), load("prometheus.yml")
     jobs = {j["job_name"]: j for j in rendered["scrape_configs"]}
     assert jobs["otel-train-inprocess"]["static_configs"][0]["targets"] == ["127.0.0.1:19464"]
     jobs["otel-train-inprocess"]["static_configs"][0]["targets"] = ["127.0.0.1:9464"]
+    (write,) = rendered["remote_write"]
+    assert write["url"] == "http://127.0.0.1:29291/api/v1/receive"
+    write["url"] = "http://127.0.0.1:19291/api/v1/receive"
     assert rendered == original  # nothing else changed
     # Its relative rule and target paths resolve from the copy: promtool loads the rules.
     out = _run([stack_bins / "promtool", "check", "config", dest])

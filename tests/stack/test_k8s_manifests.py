@@ -5,6 +5,7 @@ the real ``otelcol validate`` and ``promtool check config`` when the binaries ar
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -108,10 +109,12 @@ def test_every_workload_selects_its_own_pods() -> None:
         ("Deployment", "otel-gateway"),
         ("Deployment", "jaeger"),
         ("Deployment", "prometheus"),
+        ("StatefulSet", "thanos-receive"),
+        ("Deployment", "thanos-query"),
         ("Job", "train"),
     } <= kinds
     for d in DOCS:
-        if d["kind"] in ("DaemonSet", "Deployment"):
+        if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet"):
             labels = d["spec"]["template"]["metadata"]["labels"]
             assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
@@ -123,7 +126,7 @@ def test_configmaps_are_generated_from_the_deploy_configs_and_mounted() -> None:
     assert set(rules.values()) == set((DEPLOY / "prometheus" / "rules").glob("*.yml"))
     generated = {g["name"] for g in KUSTOMIZATION["configMapGenerator"]}
     for d in DOCS:
-        if d["kind"] in ("DaemonSet", "Deployment", "Job"):
+        if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job"):
             for v in pod_spec(d).get("volumes", []):
                 if "configMap" in v:
                     assert v["configMap"]["name"] in generated
@@ -177,6 +180,8 @@ def test_gateway_exports_to_the_jaeger_and_prometheus_services() -> None:
 def test_prometheus_k8s_config_matches_the_local_one_and_scrapes_the_collectors() -> None:
     for key in ("global", "otlp", "storage", "rule_files"):
         assert PROM_K8S[key] == PROM_LOCAL[key], f"deploy/k8s/prometheus.yml {key} differs"
+    (local,), (k8s,) = PROM_LOCAL["remote_write"], PROM_K8S["remote_write"]
+    assert {**k8s, "url": ""} == {**local, "url": ""}  # the same but for the address
     prom = obj("Deployment", "prometheus")
     args = container(prom)["args"]
     config_path = next(a.split("=", 1)[1] for a in args if a.startswith("--config.file="))
@@ -225,11 +230,13 @@ def test_images_are_the_pinned_versions() -> None:
         for line in (DEPLOY / "versions.env").read_text().splitlines()
         if line and not line.startswith("#")
     )
-    images = {container(d)["image"] for d in DOCS if d["kind"] in ("DaemonSet", "Deployment")}
+    kinds = ("DaemonSet", "Deployment", "StatefulSet")
+    images = {container(d)["image"] for d in DOCS if d["kind"] in kinds}
     assert images == {
         f"otel/opentelemetry-collector-contrib:{versions['OTELCOL_VERSION']}",
         f"jaegertracing/jaeger:{versions['JAEGER_VERSION']}",
         f"prom/prometheus:v{versions['PROMETHEUS_VERSION']}",
+        f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
     }
 
 
@@ -255,3 +262,46 @@ def test_k8s_prometheus_config_is_valid_for_promtool(stack_bins: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    """``--name=value`` arguments by name (the subcommand left out)."""
+    return dict(a.split("=", 1) for a in args if a.startswith("--"))
+
+
+def test_prometheus_writes_to_the_receive_hashring(stack_module: Any) -> None:
+    (write,) = PROM_K8S["remote_write"]
+    url = urlsplit(write["url"])
+    assert url.path == "/api/v1/receive" and url.hostname and url.port
+    assert write["send_native_histograms"] and write["send_exemplars"]
+    receive = obj("StatefulSet", "thanos-receive")
+    service_reaches(url.hostname, url.port, receive)
+    args = flags(container(receive)["args"])
+    assert port_of(args["--remote-write.address"]) == url.port
+    # The hashring names every pod of the StatefulSet, by its headless Service's DNS name.
+    pods = receive["spec"]["serviceName"]
+    assert obj("Service", pods)["spec"]["clusterIP"] == "None"
+    (ring,) = json.loads(configmap_files("thanos-receive-hashring")["hashrings.json"].read_text())
+    grpc = port_of(args["--grpc-address"])
+    replicas = receive["spec"]["replicas"]
+    assert ring["endpoints"] == [f"thanos-receive-{i}.{pods}:{grpc}" for i in range(replicas)]
+    assert args["--receive.local-endpoint"] == f"$(POD_NAME).{pods}:{grpc}"
+    mounts = {m["name"]: m["mountPath"] for m in container(receive)["volumeMounts"]}
+    assert args["--receive.hashrings-file"] == f"{mounts['hashring']}/hashrings.json"
+    service_reaches(pods, grpc, receive)
+    # What the loopback stack runs, in the same terms.
+    local = flags(stack_module.thanos_plan()["thanos-receive"]["cmd"][2:])
+    for name in ("--tsdb.max-exemplars", "--tsdb.out-of-order.time-window"):
+        assert args[name] == local[name], name
+    label = stack_module.THANOS_REPLICA_LABEL
+    assert args["--label"] == f'{label}="$(POD_NAME)"'
+
+
+def test_thanos_query_reads_every_receive_pod(stack_module: Any) -> None:
+    query = obj("Deployment", "thanos-query")
+    args = flags(container(query)["args"])
+    (endpoint,) = yaml.safe_load(args["--endpoint.sd-config"])["endpoints"]
+    host, port = endpoint["address"].removeprefix("dns+").rsplit(":", 1)
+    service_reaches(host, int(port), obj("StatefulSet", "thanos-receive"))
+    assert args["--query.replica-label"] == stack_module.THANOS_REPLICA_LABEL
+    service_reaches("thanos-query", port_of(args["--http-address"]), query)

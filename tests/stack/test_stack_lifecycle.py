@@ -2,8 +2,9 @@
 
 The module starts the stack once, sends OTLP traces and metrics through the
 collector with plain HTTP requests (protobuf bodies built with
-opentelemetry-proto), reads them back from Jaeger's /api/v3 and from Prometheus,
-and ends with `scripts/stack down`, checking that no process is left.
+opentelemetry-proto), reads them back from Jaeger's /api/v3, from Prometheus and from
+Thanos query (Prometheus remote-writes to Thanos receive), and ends with
+`scripts/stack down`, checking that no process is left.
 """
 
 from __future__ import annotations
@@ -140,8 +141,14 @@ def _base(stack, name):
     return f"http://127.0.0.1:{stack['ports'][name]}"
 
 
-def test_up_starts_three_ready_processes(stack):
-    assert set(stack["state"]["services"]) == {"otelcol", "jaeger", "prometheus"}
+def test_up_starts_every_process_ready(stack):
+    assert set(stack["state"]["services"]) == {
+        "otelcol",
+        "jaeger",
+        "prometheus",
+        "thanos-receive",
+        "thanos-query",
+    }
     status = _stack(stack["env"], "status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
@@ -165,6 +172,13 @@ def test_jaeger_and_prometheus_apis_answer(stack, versions):
     assert build["data"]["version"] == versions["PROMETHEUS_VERSION"]
     status, _ = _get(f"{_base(stack, 'PROMETHEUS')}/-/ready")
     assert status == 200
+    for name in ("THANOS_RECEIVE_HTTP", "THANOS_QUERY_HTTP"):
+        status, _ = _get(f"{_base(stack, name)}/-/ready")
+        assert status == 200, name
+    # Thanos query reads the receive's StoreAPI: it lists it as a store.
+    stores = _get_json(f"{_base(stack, 'THANOS_QUERY_HTTP')}/api/v1/stores")["data"]
+    receive = f"127.0.0.1:{stack['ports']['THANOS_RECEIVE_GRPC']}"
+    assert [s["name"] for s in stores.get("receive", [])] == [receive], stores
 
 
 def test_the_loopback_build_has_query_apis_and_no_ui(stack):
@@ -180,6 +194,9 @@ def test_the_loopback_build_has_query_apis_and_no_ui(stack):
         assert b"index.html: no such file" in err.value.read()
     query = urllib.parse.urlencode({"query": "up"})
     assert _get_json(f"{_base(stack, 'PROMETHEUS')}/api/v1/query?{query}")["status"] == "success"
+    # The exception: Thanos query's UI is in its Go module.
+    status, page = _get(f"{_base(stack, 'THANOS_QUERY_HTTP')}/")
+    assert status == 200 and b"THANOS" in page.upper(), page[:400]
 
 
 def test_prometheus_scrapes_the_training_port_of_this_stack(stack):
@@ -294,6 +311,27 @@ def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
             ),
         ),
         metrics_pb2.Metric(
+            name="otel_train.step.duration",
+            unit="s",
+            exponential_histogram=metrics_pb2.ExponentialHistogram(
+                aggregation_temporality=cumulative,
+                data_points=[
+                    metrics_pb2.ExponentialHistogramDataPoint(
+                        start_time_unix_nano=start,
+                        time_unix_nano=now,
+                        count=3,
+                        sum=0.66,
+                        scale=3,
+                        # OTel bucket i is (2**(i/8), 2**((i+1)/8)]: -19 holds 0.2 to 0.21
+                        positive=metrics_pb2.ExponentialHistogramDataPoint.Buckets(
+                            offset=-19, bucket_counts=[2, 0, 1]
+                        ),
+                        exemplars=[exemplar],
+                    )
+                ],
+            ),
+        ),
+        metrics_pb2.Metric(
             name="otel_train.throughput.samples",
             unit="{sample}/s",
             gauge=metrics_pb2.Gauge(
@@ -318,12 +356,13 @@ def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
 # OTLP name/unit/type -> Prometheus name under the default translation strategy
 # (UnderscoreEscapingWithSuffixes): unit "1" on a gauge adds `_ratio`, `{...}`
 # annotations vanish, `/s` becomes `_per_second`, monotonic sums get `_total`.
+# Histograms are native histograms under the base name: an exponential one as it is, an
+# explicit one converted to custom buckets (convert_histograms_to_nhcb).
 EXPECTED_NAMES = {
     "otel_train_phase_memory_utilization_ratio",
     "otel_train_steps_total",
-    "otel_train_phase_duration_seconds_bucket",
-    "otel_train_phase_duration_seconds_sum",
-    "otel_train_phase_duration_seconds_count",
+    "otel_train_phase_duration_seconds",
+    "otel_train_step_duration_seconds",
     "otel_train_throughput_samples_per_second",
 }
 
@@ -356,24 +395,78 @@ def test_otlp_metrics_reach_prometheus_with_promoted_labels(stack):
     assert "otel_train_source" not in labels
 
 
-def test_exemplars_are_stored(stack):
+def _query(base: str, expr: str) -> list:
+    return _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")["data"][
+        "result"
+    ]
+
+
+def test_histograms_are_stored_as_native_histograms(stack):
     prom = _base(stack, "PROMETHEUS")
-    query = urllib.parse.quote("otel_train_phase_duration_seconds_bucket")
+    (step,) = _wait_for(
+        "the step histogram", lambda: _query(prom, "otel_train_step_duration_seconds")
+    )
+    # [timestamp, {"count", "sum", "buckets": [[boundary rule, lower, upper, count], ...]}]
+    hist = step["histogram"][1]
+    assert (hist["count"], float(hist["sum"])) == ("3", 0.66)
+    # Prometheus bucket i is (2**((i-1)/8), 2**(i/8)]: the OTel offset -19 is index -18
+    bounds = [(float(b[1]), float(b[2]), b[3]) for b in hist["buckets"]]
+    assert [(pytest.approx(lo), pytest.approx(hi), n) for lo, hi, n in bounds] == [
+        (2 ** (-19 / 8), 2 ** (-18 / 8), "2"),
+        (2 ** (-17 / 8), 2 ** (-16 / 8), "1"),
+    ]
+    (phase,) = _query(prom, "otel_train_phase_duration_seconds")
+    uppers = [float(b[2]) for b in phase["histogram"][1]["buckets"]]
+    assert uppers == [0.5], uppers  # custom buckets: the explicit bounds, only filled ones
+    assert not _query(prom, '{__name__=~"otel_train_phase_duration_seconds_(bucket|sum|count)"}')
+
+
+def _exemplars(base: str, expr: str) -> list:
     start, end = time.time() - 600, time.time() + 60
+    query = urllib.parse.urlencode({"query": expr, "start": start, "end": end})
+    data = _get_json(f"{base}/api/v1/query_exemplars?{query}")["data"]
+    return [e for series in data for e in series["exemplars"]]
 
-    def exemplars():
-        data = _get_json(f"{prom}/api/v1/query_exemplars?query={query}&start={start}&end={end}")[
-            "data"
-        ]
-        return [e for series in data for e in series["exemplars"]]
 
-    found = _wait_for("the exemplar", exemplars, timeout=20)
+@pytest.mark.parametrize(
+    "name", ["otel_train_phase_duration_seconds", "otel_train_step_duration_seconds"]
+)
+def test_exemplars_are_stored(stack, name):
+    found = _wait_for("the exemplar", lambda: _exemplars(_base(stack, "PROMETHEUS"), name))
+    assert found[0]["labels"]["trace_id"] == "ab" * 16
+
+
+def test_series_reach_the_store_through_remote_write(stack):
+    """What Prometheus stores reaches Thanos receive by remote write, native histograms and
+    exemplars included, and Thanos query answers as Prometheus does, with the receive's
+    tenant label added (its replica label is deduplicated away)."""
+    thanos = _base(stack, "THANOS_QUERY_HTTP")
+
+    def steps():
+        return _query(thanos, "otel_train_steps_total")
+
+    (got,) = _wait_for("the counter in Thanos", steps, timeout=60)
+    (want,) = _query(_base(stack, "PROMETHEUS"), "otel_train_steps_total")
+    assert got["value"][1] == want["value"][1] == "42"
+    assert got["metric"].pop("tenant_id") == "default-tenant"
+    assert got["metric"] == want["metric"]
+    (step,) = _wait_for(
+        "the native histogram in Thanos",
+        lambda: _query(thanos, "otel_train_step_duration_seconds"),
+        timeout=60,
+    )
+    assert step["histogram"][1]["count"] == "3"
+    found = _wait_for(
+        "the exemplar in Thanos",
+        lambda: _exemplars(thanos, "otel_train_step_duration_seconds"),
+        timeout=60,
+    )
     assert found[0]["labels"]["trace_id"] == "ab" * 16
 
 
 def test_down_leaves_no_process(stack):
     pids = stack["pids"]
-    assert len(pids) == 3
+    assert len(pids) == 5
     down = _stack(stack["env"], "down")
     stack["down_done"] = True
     assert down.returncode == 0, down.stdout + down.stderr

@@ -1,17 +1,20 @@
 """The straggler rules of deploy/prometheus/rules/stragglers.yml under ``promtool test rules``.
 
-Synthetic histograms of 1, 2, 3 and 4 ranks in synchronous data parallel training: every
-rank's step takes the same time (they meet in the all-reduce); the straggler is slow in one
-phase and the healthy ranks wait for it in ``backward``. promtool evaluates the real rule
-file over 20 minutes of these series and compares the scores and alerts with what the
-rules' definition gives by hand: the straggler alone scores under 1 and alone fires, at
-every world size (with 2 ranks the waiting rank's ``backward`` is as far from the mean as
-the straggler's slow phase, which is why that world size has rules of its own); one rank
-alone is never a straggler.
+Synthetic native histograms (exponential buckets as OTLP sends them, and custom buckets as
+Prometheus makes of explicit ones) of 1, 2, 3 and 4 ranks in synchronous data parallel
+training: every rank's step takes the same time (they meet in the all-reduce); the
+straggler is slow in one phase and the healthy ranks wait for it in ``backward``. promtool
+evaluates the real rule file over 20 minutes of these series and compares the scores and
+alerts with what the rules' definition gives by hand: the straggler alone scores under 1
+and alone fires, at every world size (with 2 ranks the waiting rank's ``backward`` is as
+far from the mean as the straggler's slow phase, which is why that world size has rules of
+its own); one rank alone is never a straggler.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import subprocess
 from pathlib import Path
 
@@ -22,44 +25,59 @@ from otel_train import contract as c
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "stragglers.yml"
-LE = ("0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "+Inf")
 PER_MIN = 60  # observations per minute and series
+SCALE = c.DURATION_MAX_SCALE  # the exponential histograms' scale (Prometheus schema)
+# Custom buckets: the explicit bounds Prometheus keeps when it converts a classic OTLP
+# histogram (convert_histograms_to_nhcb) or a scraped one.
+BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+FORMS = ("exponential", "custom")
 
 
-def bucket_series(metric: str, labels: dict[str, str], upper: str) -> list[dict[str, str]]:
-    """Cumulative buckets of a histogram whose observations all fall in (previous, upper]."""
-    out = []
-    for le in LE:
-        inside = LE.index(le) >= LE.index(upper)
-        sel = ", ".join(f'{k}="{v}"' for k, v in {**labels, "le": le}.items())
-        out.append({"series": f"{metric}{{{sel}}}", "values": f"0+{PER_MIN if inside else 0}x20"})
-    return out
+def native_series(metric: str, labels: dict[str, str], value: float, form: str) -> dict[str, str]:
+    """A native histogram series (promtool's notation) whose observations are all ``value``:
+    PER_MIN a minute for 20 minutes, in one bucket."""
+    if form == "exponential":
+        # Prometheus's bucket i is (base**(i-1), base**i], base = 2 ** 2 ** -SCALE.
+        layout = f"schema:{SCALE} offset:{math.ceil(math.log2(value) * 2**SCALE)}"
+    else:
+        values = " ".join(f"{b:g}" for b in BOUNDS)
+        layout = f"schema:-53 custom_values:[{values}] offset:{bisect.bisect_left(BOUNDS, value)}"
+    sel = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    step = f"{{{{{layout} count:{PER_MIN} sum:{PER_MIN * value:g} buckets:[{PER_MIN}]}}}}"
+    return {"series": f"{metric}{{{sel}}}", "values": f"{{{{{layout} count:0 sum:0}}}}+{step}x20"}
 
 
-def median(upper: str) -> float:
-    """histogram_quantile(0.5) of one bucket: the middle of (previous bound, upper]."""
-    i = LE.index(upper)
-    lo = float(LE[i - 1]) if i else 0.0
-    return lo + (float(upper) - lo) / 2
+def median(value: float, form: str) -> float:
+    """histogram_quantile(0.5) of a histogram whose observations all lie in ``value``'s
+    bucket: the geometric middle of an exponential bucket (Prometheus interpolates
+    exponentially there), the arithmetic middle of a custom one."""
+    if form == "exponential":
+        i = math.ceil(math.log2(value) * 2**SCALE)
+        return float(2 ** ((i - 0.5) / 2**SCALE))
+    k = bisect.bisect_left(BOUNDS, value)
+    lo = BOUNDS[k - 1] if k else 0.0
+    return lo + (BOUNDS[k] - lo) / 2
 
 
-def scenario(ranks: int, slow_rank: int, slow_phase: str) -> list[dict[str, str]]:
-    step = c.prometheus_base_name(c.STEP_DURATION) + "_bucket"
-    phase = c.prometheus_base_name(c.PHASE_DURATION) + "_bucket"
+HEALTHY = {"data": 0.002, "forward": 0.02, "backward": 0.02, "optimizer": 0.004}
+SLOW = 0.08  # the straggler's slow phase, and the healthy ranks' all-reduce wait
+STEP = 0.2
+
+
+def scenario(ranks: int, slow_rank: int, slow_phase: str, form: str) -> list[dict[str, str]]:
+    step = c.prometheus_base_name(c.STEP_DURATION)
+    phase = c.prometheus_base_name(c.PHASE_DURATION)
     series = []
     for rank in range(ranks):
         base = {"job": "train", "otel_train_rank": str(rank)}
-        series += bucket_series(step, base, "0.25")
+        series.append(native_series(step, base, STEP, form))
         slow = rank == slow_rank
         waits = slow_rank >= 0 and not slow  # healthy ranks wait for the straggler
-        uppers = {
-            "data": "0.1" if slow and slow_phase == "data" else "0.0025",
-            "forward": "0.1" if slow and slow_phase == "forward" else "0.025",
-            "backward": "0.1" if waits else "0.025",  # the all-reduce wait
-            "optimizer": "0.005",
-        }
-        for name, upper in uppers.items():
-            series += bucket_series(phase, {**base, "phase": name, "clock": "host"}, upper)
+        for name, healthy in HEALTHY.items():
+            # the slow phase, or the all-reduce wait
+            late = (slow and name == slow_phase) or (waits and name == "backward")
+            labels = {**base, "phase": name, "clock": "host"}
+            series.append(native_series(phase, labels, SLOW if late else healthy, form))
     return series
 
 
@@ -91,21 +109,22 @@ def run_promtool(stack_bins: Path, tmp_path: Path, tests: list[dict]) -> None:
 WORLDS = [(2, 1), (3, 2), (4, 2)]  # (ranks, the slow rank)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("slow_phase", ["forward", "data"])
 @pytest.mark.parametrize(("ranks", "slow"), WORLDS, ids=[f"{n}-ranks" for n, _ in WORLDS])
 def test_the_slow_rank_scores_lowest_and_alone_fires(
-    stack_bins: Path, tmp_path: Path, ranks: int, slow: int, slow_phase: str
+    stack_bins: Path, tmp_path: Path, ranks: int, slow: int, slow_phase: str, form: str
 ) -> None:
     # The reference is a healthy rank's time: the median rank, or with 2 ranks the faster.
-    healthy = {"data": median("0.0025"), "forward": median("0.025")}[slow_phase]
-    score = round(healthy / median("0.1"), 6)
+    score = round(median(HEALTHY[slow_phase], form) / median(SLOW, form), 6)
+    assert score < 0.7
     scores = [
         {"labels": f'{{job="train", otel_train_rank="{r}"}}', "value": score if r == slow else 1}
         for r in range(ranks)
     ]
     test = {
         "interval": "1m",
-        "input_series": scenario(ranks, slow, slow_phase),
+        "input_series": scenario(ranks, slow, slow_phase, form),
         "promql_expr_test": [
             {
                 "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
@@ -141,13 +160,16 @@ def test_the_slow_rank_scores_lowest_and_alone_fires(
     run_promtool(stack_bins, tmp_path, [test])
 
 
-def test_two_ranks_do_not_score_the_all_reduce_wait(stack_bins: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_two_ranks_do_not_score_the_all_reduce_wait(
+    stack_bins: Path, tmp_path: Path, form: str
+) -> None:
     # Rank 0 waits 4x longer in backward than rank 1, which is slow in forward: against the
     # mean of two both would score 0.5x. backward is a collective wait: not scored.
     section = "job_rank_phase:otel_train_straggler_score:ratio"
     test = {
         "interval": "1m",
-        "input_series": scenario(2, 1, "forward"),
+        "input_series": scenario(2, 1, "forward", form),
         "promql_expr_test": [
             {
                 "expr": f'count by (otel_train_rank, phase) ({section}{{phase="backward"}})',
@@ -160,7 +182,7 @@ def test_two_ranks_do_not_score_the_all_reduce_wait(stack_bins: Path, tmp_path: 
                 "exp_samples": [
                     {
                         "labels": '{job="train", otel_train_rank="1", phase="forward"}',
-                        "value": round(median("0.025") / median("0.1"), 6),
+                        "value": round(median(HEALTHY["forward"], form) / median(SLOW, form), 6),
                     }
                 ],
             },
@@ -173,7 +195,7 @@ def test_two_ranks_do_not_score_the_all_reduce_wait(stack_bins: Path, tmp_path: 
 def test_no_straggler_no_alert(stack_bins: Path, tmp_path: Path, ranks: int) -> None:
     test = {
         "interval": "1m",
-        "input_series": scenario(ranks, slow_rank=-1, slow_phase="forward"),
+        "input_series": scenario(ranks, slow_rank=-1, slow_phase="forward", form="exponential"),
         "promql_expr_test": [
             {
                 "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",
@@ -195,7 +217,7 @@ def test_one_rank_alone_is_never_a_straggler(stack_bins: Path, tmp_path: Path) -
     # A slow forward, but no other rank to be slower than: the rank is its own reference.
     test = {
         "interval": "1m",
-        "input_series": scenario(1, slow_rank=0, slow_phase="forward"),
+        "input_series": scenario(1, slow_rank=0, slow_phase="forward", form="exponential"),
         "promql_expr_test": [
             {
                 "expr": "round(job_rank:otel_train_straggler_score:min, 0.000001)",

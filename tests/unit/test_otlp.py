@@ -209,25 +209,29 @@ def test_otlp_export_over_loopback(receiver: Any) -> None:
                     by_name[m.name] = m  # later exports replace earlier ones
     phase = by_name[c.PHASE_DURATION.name]
     assert phase.unit == "s"
-    assert phase.WhichOneof("data") == "histogram"
-    assert phase.histogram.aggregation_temporality == (
+    # Exponential buckets by default: Prometheus stores each as one native histogram.
+    assert phase.WhichOneof("data") == "exponential_histogram"
+    assert phase.exponential_histogram.aggregation_temporality == (
         metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
     )
-    points = {attrs(p.attributes)["phase"]: p for p in phase.histogram.data_points}
+    points = {attrs(p.attributes)["phase"]: p for p in phase.exponential_histogram.data_points}
     assert set(points) == {"data", "forward", "backward", "optimizer"}
     step_traces = {s.trace_id: s.span_id for s in steps}
     for name, p in points.items():
         assert attrs(p.attributes)["clock"] == "host"
         assert p.count == 4
-        assert sum(p.bucket_counts) == 4
-        assert len(p.bucket_counts) == len(c.DURATION_BUCKETS) + 1
-        assert list(p.explicit_bounds) == list(c.DURATION_BUCKETS)
-        assert p.sum > 0 and p.min <= p.max
+        assert sum(p.positive.bucket_counts) + p.zero_count == 4
+        assert 0 < p.scale <= 3 and not p.negative.bucket_counts
+        base = 2**2**-p.scale  # every value lies in its bucket (base**i, base**(i + 1)]
+        offset, n = p.positive.offset, len(p.positive.bucket_counts)
+        lo, hi = base**offset, base ** (offset + n)
+        assert lo < p.min <= p.max <= hi * (1 + 1e-9)
+        assert p.sum > 0
         assert p.exemplars, name
         for ex in p.exemplars:
             assert ex.trace_id in step_traces  # links to an exported step trace
             assert ex.span_id == step_traces[ex.trace_id]
-    assert by_name[c.STEP_DURATION.name].histogram.data_points[0].count == 4
+    assert by_name[c.STEP_DURATION.name].exponential_histogram.data_points[0].count == 4
 
     steps_metric = by_name[c.STEPS.name]
     assert steps_metric.sum.is_monotonic
@@ -278,11 +282,59 @@ def test_delta_temporality_preference_reaches_the_bridged_histograms(
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
                     if m.name == c.PHASE_DURATION.name:
-                        assert m.histogram.aggregation_temporality == delta
-                        counts += [p.count for p in m.histogram.data_points]
+                        hist = m.exponential_histogram
+                        assert hist.aggregation_temporality == delta
+                        counts += [p.count for p in hist.data_points]
+                        # each delta's buckets hold its own steps only
+                        assert [sum(p.positive.bucket_counts) for p in hist.data_points] == [
+                            p.count for p in hist.data_points
+                        ]
                     elif m.name == c.STEPS.name:
                         assert m.sum.aggregation_temporality == delta
                         steps_total += [p.as_double for p in m.sum.data_points]
     assert sum(counts) == 12
     assert len(counts) >= 2  # more than one export carried points
     assert sum(steps_total) == 12
+
+
+def test_explicit_histograms_when_the_standard_variable_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=explicit_bucket_histogram
+    keeps the classic buckets over OTLP (Prometheus then stores them as native histograms
+    with custom buckets, deploy/prometheus.yml convert_histograms_to_nhcb)."""
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                       "explicit_bucket_histogram")  # fmt: skip
+    rx = HttpReceiver()
+    try:
+        otel_train.configure(
+            otlp_endpoint=f"http://127.0.0.1:{rx.port}",
+            prometheus=False,
+            metric_export_interval=0.1,
+            console="off",
+        )
+        for _ in range(3):
+            with otel_train.step(samples=2), otel_train.phase("train"):
+                pass
+        assert otel_train.shutdown(timeout=10.0)
+    finally:
+        rx.close()
+    kinds = {
+        m.name: m.WhichOneof("data")
+        for req in rx.sink.metrics
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert kinds[c.STEP_DURATION.name] == kinds[c.PHASE_DURATION.name] == "histogram"
+    last = [
+        m.histogram.data_points[0]
+        for req in rx.sink.metrics
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == c.STEP_DURATION.name
+    ][-1]
+    assert list(last.explicit_bounds) == list(c.DURATION_BUCKETS) and last.count == 3
