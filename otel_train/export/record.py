@@ -183,8 +183,12 @@ class RecordSpanExporter(SpanExporter):
 
 
 class RecordMetricExporter(MetricExporter):
-    def __init__(self, file: RecordFile) -> None:
-        super().__init__()
+    def __init__(
+        self, file: RecordFile, preferred_aggregation: dict[type, Any] | None = None
+    ) -> None:
+        """``preferred_aggregation``: the OTLP exporter's, so the record holds what OTLP
+        carries (exponential histograms by default)."""
+        super().__init__(preferred_aggregation=preferred_aggregation)
         self.file = file
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:

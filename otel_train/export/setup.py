@@ -406,7 +406,9 @@ def _record_parts(
     interval_ms = min(settings.metric_export_interval, RECORD_INTERVAL_S) * 1000
     readers.append(
         BridgedPeriodicReader(
-            bridge, RecordMetricExporter(metrics_file), export_interval_millis=interval_ms
+            bridge,
+            RecordMetricExporter(metrics_file, otlp_histogram_aggregation()),
+            export_interval_millis=interval_ms,
         )
     )
     processors.append(SpanBatcher(RecordSpanExporter(traces), t.record_health))
