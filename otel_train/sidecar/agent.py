@@ -274,6 +274,20 @@ class Agent:
         self.in_time = self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
 
 
+def _protocol_out() -> Any:
+    """The pipe to the training process, on a descriptor of its own: fd 1 (what print()
+    and console="stdout" write to) becomes the training process's stdout, else stderr."""
+    sys.stdout.flush()
+    pipe = os.fdopen(os.dup(1), "wb")
+    console = os.environ.get("OTEL_TRAIN_SIDECAR_STDOUT_FD")
+    if console:
+        os.dup2(int(console), 1)
+        os.close(int(console))
+    else:
+        os.dup2(2, 1)
+    return pipe
+
+
 def main() -> None:
     # Signals to the training job are the trainer's: it tells us when to end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -282,7 +296,7 @@ def main() -> None:
         os.nice(NICE)
     logging.basicConfig(format="%(message)s")
     write_lock = threading.Lock()
-    stdout = sys.stdout.buffer
+    stdout = _protocol_out()
 
     def out(message: tuple[Any, ...]) -> None:
         with write_lock:

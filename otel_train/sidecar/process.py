@@ -31,18 +31,29 @@ _F_SETPIPE_SZ = 1031
 
 class SidecarProcess:
     def __init__(self, metrics_socket: socket.socket | None) -> None:
-        pass_fds = () if metrics_socket is None else (metrics_socket.fileno(),)
+        pass_fds: tuple[int, ...] = ()
         env = dict(os.environ)
         if metrics_socket is not None:
+            pass_fds += (metrics_socket.fileno(),)
             env["OTEL_TRAIN_SIDECAR_METRICS_FD"] = str(metrics_socket.fileno())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_train.sidecar"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            pass_fds=pass_fds,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches the trainer only: it ends the sidecar
-        )
+        # Its stdout is the pipe back here: console="stdout" prints to this process's
+        # stdout, handed over as a descriptor of its own.
+        console_fd = _dup_stdout()
+        if console_fd is not None:
+            pass_fds += (console_fd,)
+            env["OTEL_TRAIN_SIDECAR_STDOUT_FD"] = str(console_fd)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "otel_train.sidecar"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=pass_fds,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches the trainer only: it ends the sidecar
+            )
+        finally:
+            if console_fd is not None:
+                os.close(console_fd)
         if metrics_socket is not None:
             metrics_socket.close()  # the sidecar serves it now
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -165,3 +176,11 @@ class SidecarProcess:
             if keep and pipe is not None:
                 with contextlib.suppress(OSError):  # nothing is buffered in these files
                     pipe.close()
+
+
+def _dup_stdout() -> int | None:
+    """A copy of this process's stdout descriptor (None when there is none)."""
+    try:
+        return os.dup(1)
+    except OSError:
+        return None

@@ -143,3 +143,33 @@ def test_sidecar_off_keeps_the_work_on_a_thread(own_sdk: None) -> None:
     otel_train.instrument(model, optimizer=opt, prometheus_port=0, console="off", sidecar="off")
     sess = session_mod.current()
     assert sess is not None and sess.feeder is None and sess.worker is not None
+
+
+def test_console_stdout_reaches_the_training_process_stdout(tmp_path: Any) -> None:
+    """The sidecar's own stdout is its pipe to the trainer: console="stdout" tables go to
+    the training process's stdout instead, and the pipe stays whole."""
+    import subprocess
+    import sys
+    import textwrap
+
+    job = textwrap.dedent("""
+        import torch, otel_train
+        model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ds = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 2))
+        loader = torch.utils.data.DataLoader(ds, batch_size=8)
+        otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus=False,
+                              console="stdout", console_every=4, run_dir="off")
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        assert otel_train.shutdown()
+        print("trained")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", job], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "otel-train run summary: 8 steps" in done.stdout
+    assert done.stdout.count("otel-train steps ") >= 2 or "steps 0-3" in done.stdout
+    assert "broken stream" not in done.stderr and "sidecar" not in done.stderr.lower()
+    assert done.stdout.rstrip().endswith("trained")
