@@ -1,0 +1,1 @@
+"""The pieces of scripts/stack (standard library only)."""
