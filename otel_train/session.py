@@ -101,6 +101,9 @@ class Session:
         self.instrumentations: dict[int, Instrumentation] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
+        self._start(settings)
+
+    def _start(self, settings: Settings) -> None:
         if self.worker is not None:
             self.worker.start()
         self.sigterm = SigtermFlush(shutdown) if settings.flush_on_sigterm else None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .attributes import RESOURCE_ATTRIBUTES
 from .events import EVENTS
 from .metrics import (
@@ -29,6 +31,21 @@ def render_markdown() -> str:
         "",
         f"Instrumentation scope: `{SCOPE_NAME}`. Units are UCUM.",
         "",
+    ]
+    out += _spans_section()
+    out += _metrics_section()
+    out.append("")
+    return "\n".join(out)
+
+
+def _attribute_rows(attributes: Any, header: str = "attribute") -> list[str]:
+    rows = [f"| {header} | type | unit | description |", "|---|---|---|---|"]
+    rows += [f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |" for a in attributes]
+    return rows
+
+
+def _spans_section() -> list[str]:
+    out = [
         "## Spans",
         "",
         "One trace per sampled training step: the step span is the root and phases are its "
@@ -37,29 +54,25 @@ def render_markdown() -> str:
     ]
     for span in SPANS:
         out += [f"### `{span.name}`", "", span.description, ""]
-        out += ["| attribute | type | unit | description |", "|---|---|---|---|"]
-        for a in span.attributes:
-            out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
-        out.append("")
+        out += [*_attribute_rows(span.attributes), ""]
         if span.links:
             out += ["Attributes of its span links:", ""]
-            out += ["| link attribute | type | unit | description |", "|---|---|---|---|"]
-            for a in span.links:
-                out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
-            out.append("")
+            out += [*_attribute_rows(span.links, "link attribute"), ""]
     out += ["### Phase names from the adapters", "", "| phase | what it covers |", "|---|---|"]
     for name, what in ADAPTER_PHASES.items():
         out.append(f"| `{name}` | {what} |")
     for event, (where, attributes) in EVENTS.items():
         out += ["", f"### Event `{event}`", "", where, ""]
-        out += ["| attribute | type | unit | description |", "|---|---|---|---|"]
-        for a in attributes:
-            out.append(f"| `{a.key}` | {a.type} | `{a.unit or '-'}` | {a.description} |")
+        out += _attribute_rows(attributes)
     out += ["", "## Resource attributes", "", "Set when otel-train builds the SDK itself.", ""]
     out += ["| attribute | type | description |", "|---|---|---|"]
     for a in RESOURCE_ATTRIBUTES:
         out.append(f"| `{a.key}` | {a.type} | {a.description} |")
-    out += [
+    return out
+
+
+def _metrics_section() -> list[str]:
+    out = [
         "",
         "## Metrics",
         "",
@@ -91,5 +104,4 @@ def render_markdown() -> str:
     out += ["", "## Metric attributes", "", "| attribute | meaning |", "|---|---|"]
     for key, meaning in METRIC_ATTRIBUTES.items():
         out.append(f"| `{key}` | {meaning} |")
-    out.append("")
-    return "\n".join(out)
+    return out

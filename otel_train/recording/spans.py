@@ -196,36 +196,39 @@ class SpanEmitter:
             start_time=phase.start + self.offset_ns,
         )
         if phase.error is not None:
-            type_name, message, stack, oom = phase.error[:4]
-            span.add_event(
-                "exception",
-                {
-                    "exception.type": type_name,
-                    "exception.message": message,
-                    "exception.stacktrace": stack,
-                },
-                timestamp=phase.host_end + self.offset_ns,
-            )
-            if oom is not None:
-                allocated, reserved, total = oom
-                span.add_event(
-                    c.OOM_EVENT,
-                    {
-                        c.OOM_EVENT_ATTRIBUTES[0].key: allocated,
-                        c.OOM_EVENT_ATTRIBUTES[1].key: reserved,
-                        c.OOM_EVENT_ATTRIBUTES[2].key: total,
-                    },
-                    timestamp=phase.host_end + self.offset_ns,
-                )
-            snapshot = phase.error[4] if len(phase.error) > 4 else None
-            if snapshot:
-                span.add_event(
-                    c.MEMORY_SNAPSHOT_EVENT,
-                    {c.MEMORY_SNAPSHOT_PATH.key: snapshot, c.MEMORY_SNAPSHOT_REASON.key: "oom"},
-                    timestamp=phase.host_end + self.offset_ns,
-                )
-            span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
+            self._error_events(span, phase)
         return span
+
+    def _error_events(self, span: Any, phase: ResolvedPhase) -> None:
+        """A phase that raised: the exception, the OOM figures, the OOM snapshot's path."""
+        assert phase.error is not None
+        type_name, message, stack, oom = phase.error[:4]
+        at = phase.host_end + self.offset_ns
+        span.add_event(
+            "exception",
+            {"exception.type": type_name, "exception.message": message,
+             "exception.stacktrace": stack},
+            timestamp=at,
+        )  # fmt: skip
+        if oom is not None:
+            allocated, reserved, total = oom
+            span.add_event(
+                c.OOM_EVENT,
+                {
+                    c.OOM_EVENT_ATTRIBUTES[0].key: allocated,
+                    c.OOM_EVENT_ATTRIBUTES[1].key: reserved,
+                    c.OOM_EVENT_ATTRIBUTES[2].key: total,
+                },
+                timestamp=at,
+            )
+        snapshot = phase.error[4] if len(phase.error) > 4 else None
+        if snapshot:
+            span.add_event(
+                c.MEMORY_SNAPSHOT_EVENT,
+                {c.MEMORY_SNAPSHOT_PATH.key: snapshot, c.MEMORY_SNAPSHOT_REASON.key: "oom"},
+                timestamp=at,
+            )
+        span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
 
 
 def _links(consumed: list[Any]) -> list[trace.Link]:
