@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,9 @@ def _demo_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["prometheus_port"] = args.prometheus_port
     if args.trace_all:
         settings["trace_steps"] = "all"
+    if not {"OTEL_METRIC_EXPORT_INTERVAL", "OTEL_TRAIN_METRIC_EXPORT_INTERVAL"} & set(os.environ):
+        # A short run: a snapshot a second gives its run record's report a curve to show.
+        settings["metric_export_interval"] = 1.0
     return settings
 
 
