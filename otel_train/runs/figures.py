@@ -42,7 +42,8 @@ def time_bins(ranks: list[RankRecord], width: float) -> tuple[float, int]:
     return start, int((max(times) - start) // width) + 1
 
 
-def _bin(t: float, start: float, width: float, n: int) -> int:
+def bin_index(t: float, start: float, width: float, n: int) -> int:
+    """The bin time ``t`` falls in (the first or last for times outside the grid)."""
     return min(n - 1, max(0, int((t - start) // width)))
 
 
@@ -71,12 +72,22 @@ def histograms(ranks: list[RankRecord], name: str, start: float, width: float, n
     out: dict[str, list[Histogram | None]] = defaultdict(lambda: [None] * n)
     for rank in ranks:
         for t, step in deltas(rank, name):
-            i = _bin(t, start, width, n)
+            i = bin_index(t, start, width, n)
             for attrs, h in step.items():
                 label = dict(attrs).get(by, "") if by else ""
                 col = out[str(label)]
                 col[i] = h if col[i] is None else _add(col[i], h)
     return dict(out)
+
+
+def sum_columns(columns: list[list[Histogram | None]], n: int) -> list[Histogram | None]:
+    """Per bin, the histograms of several columns (ranks) added up."""
+    out: list[Histogram | None] = [None] * n
+    for col in columns:
+        for i, h in enumerate(col):
+            if h is not None:
+                out[i] = _add(out[i], h)
+    return out
 
 
 def _add(a: Histogram | None, b: Histogram) -> Histogram:
@@ -94,7 +105,7 @@ def gauges(ranks: list[RankRecord], name: str, start: float, width: float, n: in
     cells: dict[str, list[dict[int, float]]] = defaultdict(lambda: [{} for _ in range(n)])
     for rank in ranks:
         for snap in rank.snapshots:
-            i = _bin(snap.t, start, width, n)
+            i = bin_index(snap.t, start, width, n)
             for (metric, attrs), value in snap.values.items():
                 if metric == name and not isinstance(value, Histogram):
                     if where is not None and dict(attrs).get(where[0]) != where[1]:

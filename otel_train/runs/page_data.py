@@ -18,15 +18,18 @@ def page_data(ranks: list[RankRecord], title: str) -> dict[str, Any]:
     start, n = f.time_bins(ranks, width)
     x = [start + (i + 1) * width for i in range(n)]
     grid = (start, width, n)
-    charts = [_step_chart(ranks, x, grid, trace_tops := _top_phases(ranks))]
-    charts += _phase_charts(ranks, x, grid, trace_tops)
+    # Each rank's step histograms per bin, read once: the heatmap's rows, and summed the
+    # step chart's.
+    steps = [_one_histogram(f.histograms([r], c.STEP_DURATION.name, *grid), n) for r in ranks]
+    charts = [_step_chart(ranks, x, grid, f.sum_columns(steps, n))]
+    charts += _phase_charts(ranks, x, grid, _top_phases(ranks))
     charts += _gauge_charts(ranks, x, grid)
     return {
         "title": title,
         "ranks": [r.rank for r in ranks],
         "bin_seconds": width,
         "charts": [ch for ch in charts if ch["series"]],
-        "heatmap": _heatmap(ranks, x, grid),
+        "heatmap": _heatmap(ranks, x, steps),
         "stragglers": _stragglers(ranks),
         "goodput": _goodput(ranks),
         "waterfalls": waterfalls(ranks),
@@ -43,12 +46,11 @@ def _chart(cid: str, title: str, unit: str, x: list[float], series: dict[str, An
 
 
 def _step_chart(ranks: list[RankRecord], x: list[float], grid: tuple[float, float, int],
-                tops: list[str]) -> dict[str, Any]:  # fmt: skip
-    hist = _one_histogram(f.histograms(ranks, c.STEP_DURATION.name, *grid), grid[2])
+                hist: list[Histogram | None]) -> dict[str, Any]:  # fmt: skip
     series = {"p50": f.step_quantiles(hist, 0.5), "p95": f.step_quantiles(hist, 0.95)}
     slow: list[float | None] = [None] * grid[2]
     for t, seconds in slow_steps(ranks):
-        i = min(grid[2] - 1, max(0, int((t - grid[0]) // grid[1])))
+        i = f.bin_index(t, *grid)
         slow[i] = max(seconds, slow[i] or 0.0)
     series["slow steps (traced)"] = slow
     return _chart("step", "Step time (p50 and p95 per bin, slow steps marked)", "s", x, series,
@@ -126,11 +128,8 @@ def _one_histogram(d: dict[str, list[Histogram | None]], n: int) -> list[Histogr
 
 
 def _heatmap(ranks: list[RankRecord], x: list[float],
-             grid: tuple[float, float, int]) -> dict[str, Any]:  # fmt: skip
-    rows = []
-    for rank in ranks:
-        hist = _one_histogram(f.histograms([rank], c.STEP_DURATION.name, *grid), grid[2])
-        rows.append([h.total / h.count if h and h.count else None for h in hist])
+             steps: list[list[Histogram | None]]) -> dict[str, Any]:  # fmt: skip
+    rows = [[h.total / h.count if h and h.count else None for h in col] for col in steps]
     return {"x": x, "ranks": [r.rank for r in ranks], "values": rows}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract as c
-from .record_data import RankRecord, load
+from .record_data import RankRecord, attributes, load
 
 STEPS_TID, DEVICE_TID = 1, 2
 PROFILER_PID_BASE = 1_000_000  # profiler processes: this + rank
@@ -63,9 +63,9 @@ def _rank_events(rank: RankRecord) -> tuple[list[dict[str, Any]], set[str]]:
                            "args": args})  # fmt: skip
         for event in span.get("events", []):
             if event.get("name") == c.PROFILE_EVENT:
-                for attr in event.get("attributes", []):
-                    if attr["key"] == _PROFILE_PATH:
-                        profiles.add(attr["value"].get("stringValue", ""))
+                path = attributes(event.get("attributes")).get(_PROFILE_PATH)
+                if path:
+                    profiles.add(str(path))
     return events, profiles
 
 
