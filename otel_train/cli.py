@@ -157,6 +157,17 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _timeline(args: argparse.Namespace) -> int:
+    from .runs import timeline
+
+    try:
+        print(f"otel-train timeline: wrote {timeline.write(args.run_dir, args.output)}")
+    except (OSError, ValueError) as err:
+        print(f"otel-train timeline: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from .runs import report
 
@@ -207,14 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("-o", "--output", default=None, help="default RUN_DIR/steps.json")
     args = parser.parse_args(argv)
     if args.command == "timeline":
-        from .runs import timeline
-
-        try:
-            print(f"otel-train timeline: wrote {timeline.write(args.run_dir, args.output)}")
-        except (OSError, ValueError) as err:
-            print(f"otel-train timeline: {err}", file=sys.stderr)
-            return 1
-        return 0
+        return _timeline(args)
     if args.command == "demo":
         return demo(args)
     if args.command == "replay":

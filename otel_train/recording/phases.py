@@ -237,12 +237,15 @@ class PhaseMachine(StepMachine):
         close: str | tuple[str, ...] | None,
         open_: str | None,
     ) -> None:
+        """A boundary inside a background or remote tree: its phases only (the same
+        exits as _transition_at's, no step opened or ended)."""
         if close is not None and stack:
-            names = (close,) if type(close) is str else close
-            while stack and stack[-1][S_NAME] in names:
-                self._exit_at(t, stack)
-                if type(close) is str:
-                    break
+            if type(close) is str:
+                if stack[-1][S_NAME] == close:
+                    self._exit_at(t, stack)
+            else:
+                while stack and stack[-1][S_NAME] in close:
+                    self._exit_at(t, stack)
         if open_ is not None:
             self._enter_at(open_, t, stack)
 
