@@ -31,7 +31,8 @@ with contextlib.suppress(ValueError, OSError, AttributeError):
     _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _rss_bytes() -> int | None:
+def rss_bytes() -> int | None:
+    """This process's resident set size (Linux /proc), None where unknown."""
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -83,7 +84,7 @@ class Publisher:
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         if spec is c.PROCESS_MEMORY_RSS:
             return self._guard(
-                spec.name, lambda: [] if (v := _rss_bytes()) is None else [Observation(v)]
+                spec.name, lambda: [] if (v := rss_bytes()) is None else [Observation(v)]
             )
         if spec is c.HOST_MEMORY_TOTAL:
             return self._guard(

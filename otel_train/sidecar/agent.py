@@ -28,6 +28,7 @@ from ..export.setup import build_own
 from ..recording.batch import Shape
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
+from ..recording.instruments import rss_bytes
 from ..recording.recorder import Recorder
 from ..recording.records import replica_stacks, stack_of
 from ..recording.regions import RegionLog
@@ -254,11 +255,9 @@ class Agent:
 
     def stats(self) -> dict[str, Any]:
         """This process's figures, for the training process (benchmarks, tests)."""
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return {
             "export_drops": self.telemetry.drop_counts(),
-            "rss_bytes": rss,
+            "rss_bytes": rss_bytes(),
             "steps": self.worker.steps_processed,
         }
 
