@@ -21,11 +21,14 @@ server (Collector, Prometheus, Jaeger, Thanos receive and query); Prometheus's a
 receive's head series, Go heap and samples appended per second; and from Prometheus the
 series per rank. The duration histograms go as otel-train sends them over OTLP
 (exponential, stored as native histograms); ``--classic`` sends explicit buckets and
-stores them as classic histograms, the form before. Bounded: at most 20000 ranks and
+stores them as classic histograms, the form before. ``--gpu`` sends a GPU-shaped rank:
+the loop trains on token ids with a known peak (a tokens counter, MFU), and the CUDA
+memory series it cannot measure here (each phase's allocated and reserved peak, the
+device's limit) are added in the contract's form. Bounded: at most 20000 ranks and
 ``--max-seconds`` in all; loopback only.
 
 Usage: python benchmarks/loadgen.py [--ranks 250,500,1000] [--hold 30] [--interval 10]
-                                   [--per-request 1] [--step-seconds 1] [--classic]
+                                   [--per-request 1] [--step-seconds 1] [--classic] [--gpu]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import torch
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberDataPoint
 from stack_probe import collector_counters, proc_cpu, prometheus_series, server_stats
 
 import otel_train
@@ -68,14 +72,22 @@ RANKS_PER_NODE = 8
 # --- real shapes ---------------------------------------------------------------------------
 
 
-def capture_shapes(classic: bool) -> tuple[Any, Any]:
+def capture_shapes(classic: bool, gpu: bool = False) -> tuple[Any, Any]:
     """(one step trace, one metric collection) of a real instrumented loop, as OTLP protobuf:
     the duration histograms as otel-train's OTLP reader sends them (exponential buckets), or
-    with ``classic`` explicit buckets."""
+    with ``classic`` explicit buckets. ``gpu``: a GPU-shaped rank (see gpu_shape)."""
     tel = InMemoryTelemetry(otlp_histograms=not classic)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    if gpu:  # token-id batches (a tokens counter) and a known peak (MFU)
+        model: torch.nn.Module = torch.nn.Sequential(
+            torch.nn.Embedding(100, 8), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 4)
+        )
+        data = [(torch.randint(0, 100, (16, 16)), torch.randint(0, 4, (16,))) for _ in range(8)]
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+        )
+        data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(8)]
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(8)]
     loader = torch.utils.data.DataLoader(data, batch_size=None)
     otel_train.instrument(
         model,
@@ -85,6 +97,7 @@ def capture_shapes(classic: bool) -> tuple[Any, Any]:
         meter_provider=tel.meter_provider,
         trace_steps="all",
         console="off",
+        **({"peak_tflops": 989.0} if gpu else {}),
     )
     for _ in range(3):
         for x, y in loader:
@@ -98,7 +111,43 @@ def capture_shapes(classic: bool) -> tuple[Any, Any]:
     last = max(s.context.trace_id for s in spans if s.name == c.STEP_SPAN.name)
     trace = encode_spans([s for s in spans if s.context.trace_id == last])
     metrics = encode_metrics(tel.reader.get_metrics_data())
+    if gpu:
+        gpu_shape(metrics)
     return trace, metrics
+
+
+def gpu_shape(metrics: Any) -> None:
+    """Add what only CUDA gives a rank, in the contract's form: each phase's allocated and
+    reserved peak, and the device's memory limit (this machine has no GPU; the values are
+    an 80 GB device's). The tokens counter and MFU come from the real loop above."""
+    (scope,) = [sm for rm in metrics.resource_metrics for sm in rm.scope_metrics]
+    phases = sorted(
+        next(a.value.string_value for a in p.attributes if a.key == c.A_PHASE)
+        for m in scope.metrics
+        if m.name == c.PHASE_DURATION.name
+        for p in _points(m)
+    )
+    now = time.time_ns()
+
+    def gauge(spec: c.MetricSpec, rows: list[tuple[dict[str, str], float]]) -> None:
+        points = [
+            NumberDataPoint(
+                as_double=v, time_unix_nano=now, attributes=[kv(*a) for a in attrs.items()]
+            )
+            for attrs, v in rows
+        ]
+        scope.metrics.append(
+            Metric(
+                name=spec.name,
+                unit=spec.unit,
+                description=spec.description,
+                gauge=Gauge(data_points=points),
+            )
+        )
+
+    peaks = [({c.A_PHASE: p, c.A_KIND: k}, 4e10) for p in phases for k in ("allocated", "reserved")]
+    gauge(c.PHASE_MEMORY_PEAK, peaks)
+    gauge(c.DEVICE_MEMORY_LIMIT, [({}, 8e10)])
 
 
 def kv(key: str, value: Any) -> KeyValue:
@@ -379,6 +428,11 @@ def main() -> None:
         action="store_true",
         help="explicit-bucket histograms stored as classic ones (the form before native ones)",
     )
+    ap.add_argument(
+        "--gpu",
+        action="store_true",
+        help="a GPU-shaped rank: token batches, a known peak (MFU), and CUDA's memory series",
+    )
     ap.add_argument("--max-seconds", type=float, default=900.0, help="hard cap on the run")
     args = ap.parse_args()
     levels = [int(x) for x in args.ranks.split(",")]
@@ -386,7 +440,7 @@ def main() -> None:
         raise SystemExit(f"--ranks must be between 1 and {MAX_RANKS}")
     if (args.hold + 15) * len(levels) > args.max_seconds:
         raise SystemExit("--hold x levels exceeds --max-seconds")
-    trace, metrics = capture_shapes(args.classic)
+    trace, metrics = capture_shapes(args.classic, args.gpu)
     points, spans = count_payload(metrics, trace)
     print(f"payload per rank: {points} metric points per export, {spans} spans per step trace")
     names = sorted(

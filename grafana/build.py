@@ -256,12 +256,13 @@ def overview() -> dict[str, Any]:
         panel(
             "Throughput",
             [
-                target(f"sum({n(c.THROUGHPUT_SAMPLES)}{{{F}}})", "samples/s", "A"),
-                target(f"sum({n(c.THROUGHPUT_TOKENS)}{{{F}}})", "tokens/s", "B"),
+                target(c.DERIVED_THROUGHPUT_SAMPLES.query(F, "", RATE), "samples/s", "A"),
+                target(c.DERIVED_THROUGHPUT_TOKENS.query(F, "", RATE), "tokens/s", "B"),
             ],
             "short",
             (12, 0, 12, 8),
-            description="Summed over the selected ranks.",
+            description="Summed over the selected ranks: the rates of the sample and "
+            "token counters.",
         ),
         panel(
             "Time per phase (per step)",
@@ -302,8 +303,11 @@ def overview() -> dict[str, Any]:
             [
                 target(f"max({n(c.PENDING_STEPS)}{{{F}}})", "pending steps", "A"),
                 target(
-                    f"sum by (reason) (rate({n(c.DROPPED)}{{{F}}}[{RATE}]))",
-                    "dropped {{reason}}/s",
+                    # A reason's series starts at its first drop, so the count so far (a
+                    # rate would miss that first increase); "none" while nothing dropped.
+                    f"sum by (reason) ({n(c.DROPPED)}{{{F}}}) "
+                    'or on() label_replace(vector(0), "reason", "none", "", "")',
+                    "dropped {{reason}} (so far)",
                     "B",
                 ),
                 target(f"sum(rate({n(c.SPANS_EMITTED)}{{{F}}}[{RATE}]))", "spans/s", "C"),
@@ -350,7 +354,7 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
             "Achieved FLOP/s by rank",
             [
                 target(f"max by (otel_train_rank) ({n(c.THROUGHPUT_FLOPS)}{{{F}}})", by_rank, "A"),
-                target(f"max({n(c.DEVICE_PEAK_FLOPS)}{{{F}}})", "peak ({{dtype}})", "B"),
+                target(c.DERIVED_DEVICE_PEAK_FLOPS.query(F, "", ""), "peak ({{dtype}})", "B"),
             ],
             "flops",
             (12, y, 12, 8),
@@ -359,7 +363,7 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
         ),
         panel(
             "Data stall share by rank",
-            [target(f"max by (otel_train_rank) ({n(c.DATA_STALL)}{{{F}}})", by_rank, "A")],
+            [target(c.DERIVED_DATA_STALL.query(F, "otel_train_rank", RATE), by_rank, "A")],
             "percentunit",
             (0, y + 8, 12, 8),
             description="Share of step time spent waiting for the next batch. A rank above "

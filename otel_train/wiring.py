@@ -87,7 +87,6 @@ def build_consumer(
         emitter,
         sampler,
         console,
-        settings.throughput_window,
         export_drops=t.drop_counts if t.health is not None or t.record is not None else None,
         efficiency=efficiency,
     )

@@ -10,12 +10,13 @@ checks translate these names to Prometheus names with :func:`prometheus_names`.
 Its parts, each importing only those below it (and nothing else of otel-train)::
 
     markdown    ─► all below      render_markdown(): the text of docs/telemetry.md
+    derived     ─► metrics, prometheus, specs   DERIVED: figures computed in PromQL
     prometheus  ─► specs          prometheus_names(): OTel name + unit -> Prometheus series
     spans       ─► attributes, events, specs   STEP_SPAN, PHASE_SPAN, ADAPTER_PHASES
     metrics     ─► specs          every MetricSpec, METRICS, A_* keys, DURATION_* buckets
     events      ─► specs          OOM, profile and memory-snapshot span events, EVENTS
     attributes  ─► specs          step, phase and resource AttributeSpecs
-    specs                         AttributeSpec, SpanSpec, MetricSpec, SCOPE_NAME
+    specs                         AttributeSpec, SpanSpec, MetricSpec, DerivedSpec, SCOPE_NAME
 
 ``python -m otel_train.contract`` (``__main__.py``) prints the reference.
 
@@ -63,6 +64,15 @@ from .attributes import (
     STEP_THROUGHPUT_TOKENS,
     STEP_TOKENS,
 )
+from .derived import (
+    DERIVED,
+    DERIVED_DATA_STALL,
+    DERIVED_DEVICE_PEAK_FLOPS,
+    DERIVED_GOODPUT,
+    DERIVED_PHASE_MEMORY_UTILIZATION,
+    DERIVED_THROUGHPUT_SAMPLES,
+    DERIVED_THROUGHPUT_TOKENS,
+)
 from .events import (
     EVENTS,
     MEMORY_SNAPSHOT_EVENT,
@@ -85,16 +95,11 @@ from .metrics import (
     A_NAME,
     A_PHASE,
     A_REASON,
-    DATA_STALL,
     DEVICE_MEMORY_LIMIT,
-    DEVICE_PEAK_FLOPS,
     DROPPED,
     DURATION_BUCKETS,
     DURATION_MAX_SCALE,
     DURATION_MAX_SIZE,
-    FLOPS_COUNT_COST,
-    FLOPS_PER_STEP,
-    GOODPUT,
     HOST_MEMORY_TOTAL,
     METRIC_ATTRIBUTES,
     METRICS,
@@ -103,7 +108,6 @@ from .metrics import (
     PENDING_STEPS,
     PHASE_DURATION,
     PHASE_MEMORY_PEAK,
-    PHASE_MEMORY_UTILIZATION,
     POLICY_STALENESS,
     PROCESS_MEMORY_PEAK_RSS,
     PROCESS_MEMORY_RSS,
@@ -115,8 +119,6 @@ from .metrics import (
     STEP_DURATION,
     STEPS,
     THROUGHPUT_FLOPS,
-    THROUGHPUT_SAMPLES,
-    THROUGHPUT_TOKENS,
     TOKENS,
 )
 from .prometheus import (
@@ -132,6 +134,7 @@ from .spans import (
 from .specs import (
     SCOPE_NAME,
     AttributeSpec,
+    DerivedSpec,
     MetricSpec,
     SpanSpec,
 )
@@ -145,17 +148,19 @@ __all__ = [
     "A_NAME",
     "A_PHASE",
     "A_REASON",
-    "DATA_STALL",
+    "DERIVED",
+    "DERIVED_DATA_STALL",
+    "DERIVED_DEVICE_PEAK_FLOPS",
+    "DERIVED_GOODPUT",
+    "DERIVED_PHASE_MEMORY_UTILIZATION",
+    "DERIVED_THROUGHPUT_SAMPLES",
+    "DERIVED_THROUGHPUT_TOKENS",
     "DEVICE_MEMORY_LIMIT",
-    "DEVICE_PEAK_FLOPS",
     "DROPPED",
     "DURATION_BUCKETS",
     "DURATION_MAX_SCALE",
     "DURATION_MAX_SIZE",
     "EVENTS",
-    "FLOPS_COUNT_COST",
-    "FLOPS_PER_STEP",
-    "GOODPUT",
     "HOST_MEMORY_TOTAL",
     "LINK_STALENESS",
     "MEMORY_SNAPSHOT_EVENT",
@@ -175,7 +180,6 @@ __all__ = [
     "PHASE_DURATION",
     "PHASE_HOST_DURATION",
     "PHASE_MEMORY_PEAK",
-    "PHASE_MEMORY_UTILIZATION",
     "PHASE_NAME",
     "PHASE_OOMS",
     "PHASE_PEAK_ALLOCATED",
@@ -221,10 +225,9 @@ __all__ = [
     "STEP_THROUGHPUT_TOKENS",
     "STEP_TOKENS",
     "THROUGHPUT_FLOPS",
-    "THROUGHPUT_SAMPLES",
-    "THROUGHPUT_TOKENS",
     "TOKENS",
     "AttributeSpec",
+    "DerivedSpec",
     "MetricSpec",
     "SpanSpec",
     "prometheus_base_name",

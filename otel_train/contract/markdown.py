@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attributes import RESOURCE_ATTRIBUTES
+from .derived import DERIVED
 from .events import EVENTS
 from .metrics import (
     DURATION_BUCKETS,
@@ -104,4 +105,25 @@ def _metrics_section() -> list[str]:
     out += ["", "## Metric attributes", "", "| attribute | meaning |", "|---|---|"]
     for key, meaning in METRIC_ATTRIBUTES.items():
         out.append(f"| `{key}` | {meaning} |")
+    return out + _derived_section()
+
+
+def _derived_section() -> list[str]:
+    out = [
+        "",
+        "## Figures computed in PromQL",
+        "",
+        "No rank exports these: each equals an expression over series it sends anyway, so "
+        "Prometheus computes it when asked (fewer series per rank: `docs/scale.md`). The "
+        "console, the run summary, the report page and the step spans carry them "
+        "directly. The queries below are per rank of one job, over 5 minutes where the "
+        "figure is over a window; the dashboards use the same expressions.",
+        "",
+        "| figure | unit | over | description | PromQL |",
+        "|---|---|---|---|---|",
+    ]
+    for d in DERIVED:
+        query = d.query('job="$job"', "otel_train_rank", "5m").replace("|", "\\|")
+        over = {"window": "5 min", "run": "the run", "latest": "latest value"}[d.over]
+        out.append(f"| {d.name} | `{d.unit}` | {over} | {d.description} | `{query}` |")
     return out

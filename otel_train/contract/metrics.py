@@ -44,7 +44,7 @@ METRIC_ATTRIBUTES = {
     "OTLP export failed), span_queue (spans dropped because the export queue was full), "
     "metric_export (metric data points whose OTLP export failed) or run_record (spans and "
     "metric points the run record could not write: a full disk, its span queue full).",
-    A_DTYPE: "Matmul dtype the peak is for: fp32, tf32, bf16, fp16 or fp8.",
+    A_DTYPE: "Matmul dtype the MFU peak is for: fp32, tf32, bf16, fp16 or fp8.",
     A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
     "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",
 }
@@ -68,13 +68,6 @@ PHASE_MEMORY_PEAK = MetricSpec(
     "Peak CUDA allocator bytes during the phase in the most recent step (CUDA only).",
     (A_PHASE, A_KIND),
 )
-PHASE_MEMORY_UTILIZATION = MetricSpec(
-    "otel_train.phase.memory.utilization",
-    "gauge",
-    "1",
-    "Peak reserved bytes during the phase / total device memory, most recent step (CUDA only).",
-    (A_PHASE,),
-)
 DEVICE_MEMORY_LIMIT = MetricSpec(
     "otel_train.device.memory.limit", "gauge", "By", "Total memory of the training device (CUDA)."
 )
@@ -93,18 +86,6 @@ HOST_MEMORY_TOTAL = MetricSpec(
     "By",
     "Physical memory of the host (the limit process RSS is read against on CPU runs).",
 )
-THROUGHPUT_SAMPLES = MetricSpec(
-    "otel_train.throughput.samples",
-    "gauge",
-    "{sample}/s",
-    "Samples per second of wall time over the recent throughput window.",
-)
-THROUGHPUT_TOKENS = MetricSpec(
-    "otel_train.throughput.tokens",
-    "gauge",
-    "{token}/s",
-    "Tokens per second of wall time over the recent throughput window.",
-)
 THROUGHPUT_FLOPS = MetricSpec(
     "otel_train.throughput.flops",
     "gauge",
@@ -116,49 +97,18 @@ MFU = MetricSpec(
     "otel_train.mfu",
     "gauge",
     "1",
-    "Model FLOPs utilization over the recent throughput window: achieved FLOP/s / dense "
-    "peak. Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
-)
-DEVICE_PEAK_FLOPS = MetricSpec(
-    "otel_train.device.peak_flops",
-    "gauge",
-    "{flop}/s",
-    "Dense peak FLOP/s MFU is measured against (datasheet table, or the peak_tflops "
-    "setting). Needs a known peak (a listed CUDA device, or the peak_tflops setting).",
+    "Model FLOPs utilization over the recent throughput window: achieved FLOP/s / the "
+    "device's dense peak for the matmul dtype (datasheet table, or the peak_tflops "
+    "setting). Absent where no peak is known.",
     (A_DTYPE,),
-)
-FLOPS_PER_STEP = MetricSpec(
-    "otel_train.flops.per_step",
-    "gauge",
-    "{flop}",
-    "FLOPs of the most recent step (counted, scaled, given or estimated).",
-)
-FLOPS_COUNT_COST = MetricSpec(
-    "otel_train.flops.count_cost",
-    "gauge",
-    "s",
-    "Extra wall time the FLOP-counting step took: its duration less the median of the "
-    "next five steps'.",
-)
-DATA_STALL = MetricSpec(
-    "otel_train.data.stall",
-    "gauge",
-    "1",
-    "Share of step wall time spent waiting for batches (data phases) over the recent "
-    "throughput window.",
 )
 RUN_TIME = MetricSpec(
     "otel_train.run.time",
     "counter",
     "s",
-    "Run wall time since the first step, by where it went.",
+    "Run wall time since the first step, by where it went. A category's series starts "
+    "with its first second: evaluation and checkpoint appear once such a region ended.",
     (A_CATEGORY,),
-)
-GOODPUT = MetricSpec(
-    "otel_train.goodput",
-    "gauge",
-    "1",
-    "Share of run wall time (since the first step) spent training: steps less data waits.",
 )
 STEPS = MetricSpec("otel_train.steps", "counter", "{step}", "Training steps completed.")
 SAMPLES = MetricSpec("otel_train.samples", "counter", "{sample}", "Samples processed.")
@@ -180,7 +130,8 @@ DROPPED = MetricSpec(
     "otel_train.dropped",
     "counter",
     "{item}",
-    "Telemetry dropped so that training is never blocked.",
+    "Telemetry dropped so that training is never blocked. A reason's series starts with "
+    "its first drop: a run that drops nothing has none.",
     (A_REASON,),
 )
 SPANS_EMITTED = MetricSpec(
@@ -206,21 +157,13 @@ METRICS = (
     STEP_DURATION,
     PHASE_DURATION,
     PHASE_MEMORY_PEAK,
-    PHASE_MEMORY_UTILIZATION,
     DEVICE_MEMORY_LIMIT,
     PROCESS_MEMORY_RSS,
     PROCESS_MEMORY_PEAK_RSS,
     HOST_MEMORY_TOTAL,
-    THROUGHPUT_SAMPLES,
-    THROUGHPUT_TOKENS,
     THROUGHPUT_FLOPS,
     MFU,
-    DEVICE_PEAK_FLOPS,
-    FLOPS_PER_STEP,
-    FLOPS_COUNT_COST,
-    DATA_STALL,
     RUN_TIME,
-    GOODPUT,
     STEPS,
     SAMPLES,
     TOKENS,

@@ -4,6 +4,7 @@ and the instrumentation scope everything is emitted under. The other modules of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SCOPE_NAME = "otel_train"
@@ -33,3 +34,17 @@ class MetricSpec:
     description: str
     attributes: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None  # histogram bounds (None: DURATION_BUCKETS)
+
+
+@dataclass(frozen=True)
+class DerivedSpec:
+    """A figure no rank exports because Prometheus computes it from exported series
+    (fewer series per rank: docs/scale.md). ``query(selector, by, window)`` is its PromQL:
+    ``selector`` the label matchers every series is read with (``job="x"``), ``by`` the
+    labels kept (``otel_train_rank``; "" for one value), ``window`` a range (``5m``)."""
+
+    name: str
+    unit: str
+    description: str
+    query: Callable[[str, str, str], str]
+    over: str  # what it covers: "window" (the range given), "run" (so far) or "latest"

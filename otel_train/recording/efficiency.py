@@ -17,6 +17,10 @@ Runs on the worker thread, once per resolved step, under the aggregator's lock.
   step (or region) to the last; the rest is split into data, evaluation,
   checkpoint (regions marked with ``otel_train.region()`` or by the trainer adapters)
   and other (everything outside steps and regions).
+
+Exported: achieved FLOP/s and MFU over the window, and the wall time's split as the
+``run.time`` counters. Data stall and goodput are on step spans, the console and the run
+summary, and in PromQL from ``run.time`` (``contract.DERIVED``): no gauge of their own.
 """
 
 from __future__ import annotations
@@ -113,11 +117,9 @@ class EfficiencyTracker:
         self.peak: Peak | None = None
         self._peak_known = False
         self._dtype = ""
-        self._win: collections.deque[tuple[float, float, float, float]] = collections.deque(
-            maxlen=window
-        )
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # flops, flop seconds, data seconds, step seconds
-        self._last_flops: float | None = None
+        self._win: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self._sums = [0.0, 0.0]  # flops with a rate, their seconds, over the window
+        self._mfu_attrs: tuple[tuple[str, str], ...] = ()  # (dtype, the peak's) once known
         self.goodput = Goodput()
         self._exported: dict[str, float] = {}  # run-time counters as last exported
         self.flops_total = 0.0
@@ -166,7 +168,7 @@ class EfficiencyTracker:
 
     # -- per step ----------------------------------------------------------------------
 
-    def observe(self, block: StepBlock, agg: MetricsAggregator) -> None:
+    def observe(self, block: StepBlock) -> None:
         """Each of a block's steps: its FLOPs, the achieved rate's share of it, the
         windowed sums and the run totals; the per-step figures go on the block
         (``block.efficiency``, read by the console and by traced steps)."""
@@ -182,17 +184,14 @@ class EfficiencyTracker:
         rate_seconds = [s if ok else 0.0 for s, ok in zip(best, rated, strict=True)]
         if any(rated):
             if self._cost_pending is not None:
-                self._measure_cost([h for h, ok in zip(host, rated, strict=True) if ok], agg)
+                self._measure_cost([h for h, ok in zip(host, rated, strict=True) if ok])
             if not self._peak_known:
-                self._peak_for(agg)
-        known = [f for f in flops if f is not None]
-        if known:
-            self._last_flops = known[-1]
+                self._peak_for()
         # Windowed gauges: sums over the last ``window`` steps of (FLOPs with a rate, their
-        # seconds, data seconds, step seconds).
+        # seconds).
         win = self._win
-        win.extend(zip(rate_flops, rate_seconds, data, host, strict=True))
-        self._sums = [sum(col) for col in zip(*win, strict=True)] or [0.0] * 4
+        win.extend(zip(rate_flops, rate_seconds, strict=True))
+        self._sums = [sum(col) for col in zip(*win, strict=True)] or [0.0] * 2
         # Run totals and goodput.
         self.flops_total = sum(rate_flops, self.flops_total)
         self.flop_seconds_total = sum(rate_seconds, self.flop_seconds_total)
@@ -234,8 +233,9 @@ class EfficiencyTracker:
         self.scaled_steps += sources.count("scaled")
         return [o[0] for o in out], sources, [o[2] for o in out]
 
-    def _measure_cost(self, seconds: list[float], agg: MetricsAggregator) -> None:
-        """The counted step's cost over the median of the next few rated steps."""
+    def _measure_cost(self, seconds: list[float]) -> None:
+        """The counted step's cost over the median of the next few rated steps (for the
+        run summary)."""
         pending, after = self._cost_pending, self._after_count
         for s in seconds:
             if pending is None:
@@ -244,7 +244,6 @@ class EfficiencyTracker:
             typical = sorted(after)[len(after) // 2]
             self.count_typical = typical
             self.count_cost = max(0.0, pending.seconds - typical)
-            agg.set(c.FLOPS_COUNT_COST.name, (), self.count_cost)
             if len(after) >= COST_BASELINE_STEPS:
                 pending = self._cost_pending = None
 
@@ -265,26 +264,21 @@ class EfficiencyTracker:
         self._publish_window(agg)
         if self.goodput.first is None:
             return
-        totals, wall = self.goodput.totals(), self.goodput.wall()
         exported = self._exported
-        for k, v in totals.items():
+        for k, v in self.goodput.totals().items():
+            if v <= 0 and k not in exported:
+                continue  # a category's series starts with its first second (docs/scale.md)
             # Counters stay monotonic when a late region moves time between categories.
             exported[k] = max(exported.get(k, 0.0), v)
             agg.set(c.RUN_TIME.name, ((c.A_CATEGORY, k),), exported[k])
-        if wall > 0:
-            agg.set(c.GOODPUT.name, (), totals["train"] / wall)
 
     def _publish_window(self, agg: MetricsAggregator) -> None:
         sums = self._sums
-        if sums[3] > 0:
-            agg.set(c.DATA_STALL.name, (), max(0.0, sums[2] / sums[3]))
         if sums[1] > 0:
             achieved = sums[0] / sums[1]
             agg.set(c.THROUGHPUT_FLOPS.name, (), achieved)
             if self.peak is not None:
-                agg.set(c.MFU.name, (), achieved / self.peak.flops_per_s)
-        if self._last_flops is not None:
-            agg.set(c.FLOPS_PER_STEP.name, (), self._last_flops)
+                agg.set(c.MFU.name, self._mfu_attrs, achieved / self.peak.flops_per_s)
 
     def goodput_shares(self) -> tuple[float, dict[str, float]] | None:
         """The wall time and each category's share of it (they sum to 1)."""
@@ -372,7 +366,7 @@ class EfficiencyTracker:
                 return best[1] * value / best[0], "scaled", abs(value - best[0]) / best[0]
         return None, "", float("inf")
 
-    def _peak_for(self, agg: MetricsAggregator) -> Peak | None:
+    def _peak_for(self) -> Peak | None:
         self._peak_known = True
         dtype = self._peak_dtype
         if dtype == "auto":
@@ -387,7 +381,7 @@ class EfficiencyTracker:
                 name = None
         self.peak = lookup_peak(name, dtype, self._peak_tflops)
         if self.peak is not None:
-            agg.set(c.DEVICE_PEAK_FLOPS.name, ((c.A_DTYPE, dtype),), self.peak.flops_per_s)
+            self._mfu_attrs = ((c.A_DTYPE, dtype),)
         elif name:
             _log.info("otel-train: no peak FLOP/s known for %r (%s); set peak_tflops", name, dtype)
         return self.peak

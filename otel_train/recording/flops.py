@@ -5,8 +5,8 @@ Counting runs one whole step (data, forward, backward, optimizer) under
 dispatches, forward and backward alike, and adds up the matmul, convolution and
 attention FLOPs (the convention MFU uses: elementwise work is not counted). That
 step is slow, several times its normal duration, because every operator goes
-through Python; it is counted once per batch shape and its cost is reported
-(``otel_train.flops.count_cost``). Between counts the recorder holds
+through Python; it is counted once per batch shape and its cost is reported in the
+run summary. Between counts the recorder holds
 ``flop_probe = None``, so a step pays one attribute test and nothing else.
 
 A second, tiny dispatch mode runs next to the counter and notes the dtype the

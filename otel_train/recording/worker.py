@@ -12,7 +12,6 @@ published as ``otel_train.overhead``.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -51,7 +50,6 @@ class Worker:
         emitter: SpanEmitter | None,
         sampler: StepSampler,
         console: ConsoleReporter,
-        throughput_window: int,
         poll_s: float = 0.05,
         batch_s: float = 0.5,
         export_drops: Callable[[], dict[str, int]] | None = None,
@@ -68,11 +66,6 @@ class Worker:
         self.console = console
         self.poll_s = poll_s
         self.batch_s = batch_s
-        self._throughput: collections.deque[tuple[int, int, int]] = collections.deque(
-            maxlen=throughput_window
-        )
-        self._tp_samples = 0
-        self._tp_tokens = 0
         self._phase_hist: dict[tuple[str, bool], HistogramState] = {}  # (phase, device?)
         # Per clock (device?): phase name -> (histogram, attributes, series name); names
         # past MAX_PHASE_SERIES map to the "_other" series.
@@ -89,11 +82,8 @@ class Worker:
         self._device_total = 0  # bytes, once the recorder knows the device's memory
         self.steps_processed = 0
         self.failed = False
-        # Counters start at zero so their series exist (and rate() works) before any drop.
-        dropped = aggregator.values.setdefault(c.DROPPED.name, {})
-        dropped[((A_REASON, "queue_full"),)] = 0.0
-        for reason in export_drops() if export_drops is not None else ():
-            dropped[((A_REASON, reason),)] = 0.0
+        # A drop reason's counter series starts with its first drop (fewer series per
+        # rank: docs/scale.md); a run that drops nothing sends none.
 
     # -- thread ----------------------------------------------------------------------
 
@@ -222,8 +212,6 @@ class Worker:
                     agg.add(c.SAMPLES.name, (), counts.samples)
                 if counts.any_tokens:
                     agg.add(c.TOKENS.name, (), counts.tokens)
-                # Gauges are read at collection time: the batch's last value will do.
-                self._publish_throughput(blocks[-1])
                 if self.efficiency is not None:
                     self._observe_efficiency(None, "end")  # goodput, once per batch
         if records:
@@ -257,23 +245,14 @@ class Worker:
                 self.emitter.device_total = total
 
     def _block_counts(self, block: StepBlock, counts: _Counts) -> None:
-        """Samples and tokens: the batch's totals and throughput's running sums, which
-        are recounted when steps leave the window."""
-        s_known, s_sum, s_col = _counted(block.samples)
-        t_known, t_sum, t_col = _counted(block.tokens)
+        """Samples and tokens: the batch's totals (their rates are throughput, computed
+        in PromQL: contract.DERIVED)."""
+        s_known, s_sum = _counted(block.samples)
+        t_known, t_sum = _counted(block.tokens)
         counts.any_samples = counts.any_samples or s_known
         counts.any_tokens = counts.any_tokens or t_known
         counts.samples += s_sum
         counts.tokens += t_sum
-        window, maxlen = self._throughput, self._throughput.maxlen
-        full = maxlen is not None and len(window) + block.k > maxlen
-        window.extend(zip(block.ends, s_col, t_col, strict=True))
-        if full:
-            self._tp_samples = sum(w[1] for w in window)
-            self._tp_tokens = sum(w[2] for w in window)
-        else:
-            self._tp_samples += sum(s_col)
-            self._tp_tokens += sum(t_col)
 
     def _block_phases(
         self,
@@ -309,7 +288,7 @@ class Worker:
     def _block_memory(self, block: StepBlock, series: list[str]) -> None:
         """Each phase's peak memory gauges (by its series' name), step by step: the last
         value stays."""
-        memory, agg, total = block.memory, self.agg, self._device_total
+        memory, agg = block.memory, self.agg
         assert memory is not None
         for i in range(block.k):
             for r, name in enumerate(series):
@@ -318,8 +297,6 @@ class Worker:
                     continue
                 agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[0])
                 agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[1])
-                if total:
-                    agg.set(c.PHASE_MEMORY_UTILIZATION.name, ((A_PHASE, name),), m[1] / total)
 
     def _phase_series(self, name: str, device: bool) -> list[Any]:
         """[histogram, attributes, series name, values waiting for the histogram]."""
@@ -341,7 +318,7 @@ class Worker:
         assert self.efficiency is not None
         try:
             if block is not None:
-                self.efficiency.observe(block, self.agg)
+                self.efficiency.observe(block)
             elif when == "begin":
                 self.efficiency.drain_regions(self.agg)
             else:
@@ -355,28 +332,6 @@ class Worker:
             self.efficiency.disable()  # (the console reads the tracker too)
         self.efficiency = None
         _log.exception("otel-train: computing efficiency figures failed; they are disabled")
-
-    def _publish_throughput(self, block: StepBlock) -> None:
-        """Samples and tokens per second over the last ``throughput_window`` steps.
-
-        Rate over the window = what the steps after the oldest one processed, divided by
-        the time from the oldest step's end to the newest step's end (running sums).
-        """
-        window = self._throughput
-        samples, tokens = block.samples[-1], block.tokens[-1]
-        if len(window) >= 2:
-            span_s = (window[-1][0] - window[0][0]) / 1e9
-            done_samples = self._tp_samples - window[0][1]
-            done_tokens = self._tp_tokens - window[0][2]
-        else:
-            span_s = block.seconds[-1]
-            done_samples, done_tokens = samples or 0, tokens or 0
-        if span_s <= 0:
-            return
-        if samples is not None:
-            self.agg.set(c.THROUGHPUT_SAMPLES.name, (), done_samples / span_s)
-        if tokens is not None:
-            self.agg.set(c.THROUGHPUT_TOKENS.name, (), done_tokens / span_s)
 
     def _remote_metrics(self, trees: list[ResolvedStep]) -> None:
         """Remote phases (links.py) feed the phase metrics like any phase; they are in
@@ -467,12 +422,10 @@ class _Counts:
         self.samples = self.tokens = 0
 
 
-def _counted(column: list[int | None]) -> tuple[bool, int, list[int]]:
-    """A block's samples or tokens: (any known, their sum, the column with None as 0)."""
+def _counted(column: list[int | None]) -> tuple[bool, int]:
+    """A block's samples or tokens: (any known, their sum)."""
     known = [v for v in column if v is not None]
-    if not known:
-        return False, 0, [0] * len(column)
-    return True, sum(known), [v or 0 for v in column]
+    return bool(known), sum(known)
 
 
 def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:

@@ -3,13 +3,16 @@
 Time runs in bins of the record's metric interval from the run's first snapshot. Each
 rank's cumulative figures (histograms, counters) become per-bin deltas between its
 consecutive snapshots; the ranks are then combined per bin: step and phase times
-summed (their quantiles from the summed histograms), throughput summed, MFU, data
-stall and goodput averaged, peak memory the maximum, user scalars from the lowest rank.
+summed (their quantiles from the summed histograms), throughput (the rates of the
+sample and token counters) summed, MFU, data stall and goodput (from the run-time
+counters, as contract.DERIVED computes them in PromQL) averaged, peak memory the
+maximum, user scalars from the lowest rank.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +119,37 @@ def gauges(ranks: list[RankRecord], name: str, start: float, width: float, n: in
     for label, col in cells.items():
         out[label] = [_combine(cell, how) if cell else None for cell in col]
     return out
+
+
+Values = dict[tuple[Any, ...], Any]
+
+
+def from_counters(ranks: list[RankRecord], name: str, start: float, width: float, n: int,
+                  how: str, value: Callable[[Values, Values | None, float], float | None],
+                  ) -> list[float | None]:  # fmt: skip
+    """Per bin, ``value(now, before, seconds)`` of each rank's consecutive snapshots of a
+    cumulative metric (its values by attributes; ``before`` None at the first), the
+    rank's last in the bin, combined across ranks by ``how``."""
+    cells: list[dict[int, float]] = [{} for _ in range(n)]
+    for rank in ranks:
+        before: Values | None = None
+        t0 = 0.0
+        for snap in rank.snapshots:
+            now = {attrs: v for (metric, attrs), v in snap.values.items() if metric == name}
+            if not now:
+                continue
+            v = value(now, before, snap.t - t0) if before is None or snap.t > t0 else None
+            if v is not None:
+                cells[bin_index(snap.t, start, width, n)][rank.rank] = v
+            before, t0 = now, snap.t
+    return [_combine(cell, how) if cell else None for cell in cells]
+
+
+def rate(now: Values, before: Values | None, seconds: float) -> float | None:
+    """A counter's increase per second since the snapshot before (its attributes summed)."""
+    if before is None:
+        return None
+    return (sum(now.values()) - sum(before.values())) / seconds
 
 
 def _combine(cell: dict[int, float], how: str) -> float:

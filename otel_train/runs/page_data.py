@@ -99,8 +99,8 @@ def _gauge_charts(ranks: list[RankRecord], x: list[float],
             "/s",
             x,
             {
-                "samples/s": _one(g(c.THROUGHPUT_SAMPLES, "sum")),
-                "tokens/s": _one(g(c.THROUGHPUT_TOKENS, "sum")),
+                "samples/s": f.from_counters(ranks, c.SAMPLES.name, *grid, "sum", f.rate),
+                "tokens/s": f.from_counters(ranks, c.TOKENS.name, *grid, "sum", f.rate),
             },
         ),
         _chart("mfu", "MFU (mean of ranks)", "1", x, {"MFU": _one(g(c.MFU, "mean"))}),
@@ -110,13 +110,35 @@ def _gauge_charts(ranks: list[RankRecord], x: list[float],
             "Data stall share (mean of ranks)",
             "1",
             x,
-            {"data stall": _one(g(c.DATA_STALL, "mean"))},
+            {"data stall": f.from_counters(ranks, c.RUN_TIME.name, *grid, "mean", _stall)},
         ),
         _chart(
-            "goodput", "Goodput (mean of ranks)", "1", x, {"goodput": _one(g(c.GOODPUT, "mean"))}
+            "goodput",
+            "Goodput (mean of ranks)",
+            "1",
+            x,
+            {"goodput": f.from_counters(ranks, c.RUN_TIME.name, *grid, "mean", _goodput_at)},
         ),
         _chart("scalars", "User scalars (lowest rank)", "", x, g(c.SCALAR, "first", c.A_NAME)),
     ]
+
+
+def _by_category(values: f.Values | None) -> dict[str, float]:
+    return {str(dict(k).get(c.A_CATEGORY)): v for k, v in (values or {}).items()}
+
+
+def _stall(now: f.Values, before: f.Values | None, seconds: float) -> float | None:
+    """Data waits over step time (train + data) since the snapshot before."""
+    a, b = _by_category(now), _by_category(before)
+    data = a.get("data", 0.0) - b.get("data", 0.0)
+    steps = data + a.get("train", 0.0) - b.get("train", 0.0)
+    return data / steps if before is not None and steps > 0 else None
+
+
+def _goodput_at(now: f.Values, before: f.Values | None, seconds: float) -> float | None:
+    """The train share of the run time so far."""
+    wall = sum(now.values())
+    return _by_category(now).get("train", 0.0) / wall if wall > 0 else None
 
 
 def _one(d: dict[str, list[float | None]]) -> list[float | None]:

@@ -69,15 +69,20 @@ def _driver(chromium: str, chromedriver: str) -> Any:
 
 
 def _recorded(run: Path) -> dict[str, Any]:
-    """What the record holds, parsed here: per snapshot the samples/s gauge, the last
-    steps counter and phase call counts, and the traced step spans."""
+    """What the record holds, parsed here: samples/s between consecutive snapshots (the
+    samples counter's increase over the time between them: a snapshot's time is its
+    newest point's), the last steps counter and phase call counts, and the traced step
+    spans."""
     throughput, steps, calls = [], 0.0, {}
+    before: tuple[float, float] | None = None  # (time, samples) of the snapshot before
     for line in (run / "rank0.metrics.jsonl").read_text().splitlines():
+        t, samples = 0.0, None
         for rm in json.loads(line)["resourceMetrics"]:
             for m in (m for sm in rm["scopeMetrics"] for m in sm["metrics"]):
                 points = next(v["dataPoints"] for k, v in m.items() if isinstance(v, dict))
-                if m["name"] == c.THROUGHPUT_SAMPLES.name:
-                    throughput.append(points[0]["asDouble"])
+                t = max([t, *(int(p.get("timeUnixNano", 0)) / 1e9 for p in points)])
+                if m["name"] == c.SAMPLES.name:
+                    samples = float(points[0].get("asDouble", points[0].get("asInt", 0)))
                 elif m["name"] == c.STEPS.name:
                     steps = float(points[0].get("asDouble", points[0].get("asInt", 0)))
                 elif m["name"] == c.PHASE_DURATION.name:
@@ -85,6 +90,10 @@ def _recorded(run: Path) -> dict[str, Any]:
                         phase = next(a["value"]["stringValue"] for a in p["attributes"]
                                      if a["key"] == c.A_PHASE)  # fmt: skip
                         calls[phase] = int(p["count"])
+        if samples is not None:
+            if before is not None and t > before[0]:
+                throughput.append((samples - before[1]) / (t - before[0]))
+            before = (t, samples)
     spans = [
         s
         for line in (run / "rank0.traces.jsonl").read_text().splitlines()
@@ -142,8 +151,9 @@ def test_the_report_renders_the_record_offline_in_chromium(tmp_path: Path) -> No
 
     samples = shown["throughput"]["plotted"][shown["throughput"]["labels"].index("samples/s")]
     plotted = [v for v in samples if v is not None]
-    assert plotted and plotted[-1] == record["throughput"][-1]
-    assert set(plotted) <= set(record["throughput"])  # (a bin shows its last snapshot)
+    assert plotted and plotted[-1] == pytest.approx(record["throughput"][-1])
+    for v in plotted:  # (a bin shows its last snapshot's rate)
+        assert any(v == pytest.approx(r) for r in record["throughput"]), v
     assert f"{record['steps']:,.0f} steps" in shown["summary"]
     for phase, n in record["calls"].items():
         assert any(line.split()[:1] == [phase] and f" {n} " in line

@@ -201,3 +201,11 @@ def test_the_rl_dashboard_lists_only_rl_jobs() -> None:
     assert phases, job["query"]["query"]
     # Phases a plain loop (data/forward/backward/optimizer) never has.
     assert set(phases.group(1).split("|")) == {"rollout", "train", "weight_sync"}
+
+
+@pytest.mark.parametrize("derived", c.DERIVED, ids=lambda d: d.name)
+def test_derived_figures_read_only_contract_metrics(derived: c.DerivedSpec) -> None:
+    """What the contract says Prometheus computes instead of a rank exporting it reads
+    series a rank does export (their values: tests/stack and tests/e2e)."""
+    names = metric_names(derived.query('job="x"', "otel_train_rank", "5m"))
+    assert names and names <= CONTRACT_NAMES, names - CONTRACT_NAMES

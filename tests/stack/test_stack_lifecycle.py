@@ -270,7 +270,7 @@ def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
     )
     metrics = [
         metrics_pb2.Metric(
-            name="otel_train.phase.memory.utilization",
+            name="otel_train.mfu",
             unit="1",
             gauge=metrics_pb2.Gauge(
                 data_points=[
@@ -332,8 +332,8 @@ def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
             ),
         ),
         metrics_pb2.Metric(
-            name="otel_train.throughput.samples",
-            unit="{sample}/s",
+            name="otel_train.throughput.flops",
+            unit="{flop}/s",
             gauge=metrics_pb2.Gauge(
                 data_points=[metrics_pb2.NumberDataPoint(time_unix_nano=now, as_double=1234.5)]
             ),
@@ -359,11 +359,11 @@ def _metrics_request(now: int) -> pb_metrics_svc.ExportMetricsServiceRequest:
 # Histograms are native histograms under the base name: an exponential one as it is, an
 # explicit one converted to custom buckets (convert_histograms_to_nhcb).
 EXPECTED_NAMES = {
-    "otel_train_phase_memory_utilization_ratio",
+    "otel_train_mfu_ratio",
     "otel_train_steps_total",
     "otel_train_phase_duration_seconds",
     "otel_train_step_duration_seconds",
-    "otel_train_throughput_samples_per_second",
+    "otel_train_throughput_flops_per_second",
 }
 
 
@@ -462,6 +462,59 @@ def test_series_reach_the_store_through_remote_write(stack):
         timeout=60,
     )
     assert found[0]["labels"]["trace_id"] == "ab" * 16
+
+
+def _gauges(now: int, rows: list[tuple[str, str, dict[str, str], float]]) -> list:
+    def point(attrs: dict[str, str], value: float) -> metrics_pb2.NumberDataPoint:
+        kvs = [common_pb2.KeyValue(key=k, value=common_pb2.AnyValue(string_value=v))
+               for k, v in attrs.items()]  # fmt: skip
+        return metrics_pb2.NumberDataPoint(time_unix_nano=now, as_double=value, attributes=kvs)
+
+    return [
+        metrics_pb2.Metric(
+            name=name, unit=unit, gauge=metrics_pb2.Gauge(data_points=[point(attrs, value)])
+        )
+        for name, unit, attrs, value in rows
+    ]
+
+
+def test_the_contracts_derived_figures_compute_in_prometheus(stack):
+    """The figures no rank exports (contract.DERIVED) come out of the real Prometheus from
+    the series a GPU rank sends: phase memory utilization from the reserved peak and the
+    device limit, the device's peak from achieved FLOP/s and MFU (with its dtype)."""
+    from otel_train import contract as c
+
+    now = time.time_ns()
+    rows = [
+        (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "forward", "kind": "reserved"}, 3e10),
+        (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "forward", "kind": "allocated"}, 2e10),
+        (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "backward", "kind": "reserved"}, 6e10),
+        (c.DEVICE_MEMORY_LIMIT.name, "By", {}, 8e10),
+        (c.THROUGHPUT_FLOPS.name, "{flop}/s", {}, 2e14),
+        (c.MFU.name, "1", {"dtype": "bf16"}, 0.25),
+    ]
+    request = pb_metrics_svc.ExportMetricsServiceRequest(
+        resource_metrics=[
+            metrics_pb2.ResourceMetrics(
+                resource=_resource(5),
+                scope_metrics=[metrics_pb2.ScopeMetrics(metrics=_gauges(now, rows))],
+            )
+        ]
+    )
+    assert _post_protobuf(f"{_base(stack, 'OTLP_HTTP')}/v1/metrics", request) == 200
+    prom, sel = _base(stack, "PROMETHEUS"), 'otel_train_rank="5"'
+
+    def derived(d):
+        return _wait_for(d.name, lambda: _query(prom, d.query(sel, "otel_train_rank", "5m")))
+
+    util = derived(c.DERIVED_PHASE_MEMORY_UTILIZATION)
+    assert {r["metric"]["phase"]: float(r["value"][1]) for r in util} == {
+        "forward": pytest.approx(0.375),
+        "backward": pytest.approx(0.75),
+    }
+    (peak,) = derived(c.DERIVED_DEVICE_PEAK_FLOPS)
+    assert peak["metric"] == {"otel_train_rank": "5", "dtype": "bf16"}
+    assert float(peak["value"][1]) == pytest.approx(8e14)
 
 
 def test_down_leaves_no_process(stack):

@@ -99,10 +99,10 @@ def test_aggregator_keys_counters_gauges_and_snapshots() -> None:
         h.observe(0.003)
         agg.add(c.STEPS.name, (), 1)
         agg.add(c.STEPS.name, (), 2)
-        agg.set(c.THROUGHPUT_SAMPLES.name, (), 10.0)
-        agg.set(c.THROUGHPUT_SAMPLES.name, (), 12.0)
+        agg.set(c.THROUGHPUT_FLOPS.name, (), 10.0)
+        agg.set(c.THROUGHPUT_FLOPS.name, (), 12.0)
     assert agg.read(c.STEPS.name) == [((), 3.0)]
-    assert agg.read(c.THROUGHPUT_SAMPLES.name) == [((), 12.0)]
+    assert agg.read(c.THROUGHPUT_FLOPS.name) == [((), 12.0)]
     assert agg.read("nothing") == []
     snaps = {(n, a): s for n, a, s in agg.snapshot_histograms()}
     snap = snaps[(c.PHASE_DURATION.name, attrs)]

@@ -19,7 +19,7 @@ from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
 REPO = Path(__file__).resolve().parents[2]
-CUDA_ONLY = {c.PHASE_MEMORY_PEAK, c.PHASE_MEMORY_UTILIZATION, c.DEVICE_MEMORY_LIMIT}
+CUDA_ONLY = {c.PHASE_MEMORY_PEAK, c.DEVICE_MEMORY_LIMIT}
 
 
 def test_docs_telemetry_md_is_the_generated_reference() -> None:
@@ -98,8 +98,8 @@ def test_contract_names_are_unique_and_units_are_ucum() -> None:
         (c.PHASE_DURATION, ("otel_train_phase_duration_seconds",)),  # a native histogram
         (c.STEPS, ("otel_train_steps_total",)),
         (c.PROCESS_MEMORY_RSS, ("otel_train_process_memory_rss_bytes",)),
-        (c.PHASE_MEMORY_UTILIZATION, ("otel_train_phase_memory_utilization_ratio",)),
-        (c.THROUGHPUT_TOKENS, ("otel_train_throughput_tokens_per_second",)),
+        (c.MFU, ("otel_train_mfu_ratio",)),
+        (c.THROUGHPUT_FLOPS, ("otel_train_throughput_flops_per_second",)),
         (c.OVERHEAD, ("otel_train_overhead_seconds",)),
         (c.SCALAR, ("otel_train_scalar",)),
     ],
@@ -109,9 +109,7 @@ def test_prometheus_names(spec: c.MetricSpec, expected: tuple[str, ...]) -> None
 
 
 def test_scrape_names_drop_the_ratio_suffix_of_unit_one_gauges() -> None:
-    assert c.prometheus_names(c.PHASE_MEMORY_UTILIZATION, source="scrape") == (
-        "otel_train_phase_memory_utilization",
-    )
+    assert c.prometheus_names(c.MFU, source="scrape") == ("otel_train_mfu",)
     assert c.prometheus_names(c.STEPS, source="scrape") == c.prometheus_names(c.STEPS)
     # /metrics writes classic histograms: the text format has no native ones
     assert c.prometheus_names(c.PHASE_DURATION, source="scrape") == (

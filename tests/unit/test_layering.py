@@ -309,7 +309,10 @@ CONTRACT_PARTS: dict[str, frozenset[str]] = {
     "metrics": frozenset({"specs"}),
     "spans": frozenset({"specs", "attributes", "events"}),
     "prometheus": frozenset({"specs"}),
-    "markdown": frozenset({"specs", "attributes", "events", "metrics", "prometheus", "spans"}),
+    "derived": frozenset({"specs", "metrics", "prometheus"}),
+    "markdown": frozenset(
+        {"specs", "attributes", "events", "metrics", "prometheus", "spans", "derived"}
+    ),
 }
 
 

@@ -237,7 +237,7 @@ def test_otlp_export_over_loopback(receiver: Any) -> None:
     assert steps_metric.sum.is_monotonic
     assert [p.as_double for p in steps_metric.sum.data_points] == [4.0]
     assert [p.as_double for p in by_name[c.SAMPLES.name].sum.data_points] == [32.0]
-    assert by_name[c.THROUGHPUT_SAMPLES.name].gauge.data_points[0].as_double > 0
+    assert by_name[c.THROUGHPUT_FLOPS.name].gauge.data_points[0].as_double > 0
     (loss,) = by_name[c.SCALAR.name].gauge.data_points
     assert attrs(loss.attributes) == {"name": "loss"} and loss.as_double == 0.25
     assert [p.as_double for p in by_name[c.SPANS_EMITTED.name].sum.data_points] == [20.0]

@@ -78,7 +78,6 @@ def test_plain_loop_spans_and_metrics() -> None:
     assert step_hist.sum == pytest.approx(
         sum(s.attributes[c.STEP_HOST_DURATION.key] for s in steps), rel=1e-6
     )
-    assert value(tel, c.THROUGHPUT_SAMPLES.name) > 0
     assert value(tel, c.SCALAR.name, name="loss") == pytest.approx(losses[-1])
 
 
@@ -311,11 +310,6 @@ def test_explicit_step_and_nested_phases() -> None:
     (gen,) = [p for p in tel.points(c.PHASE_DURATION.name) if p.attributes["phase"] == "generate"]
     assert gen.sum >= 3 * 0.003
     assert dict(gen.attributes) == {"phase": "generate", "clock": "host"}
-    # Throughput over the window: samples after the first step / time between step ends.
-    ends = [s.start_time + round(s.attributes[c.STEP_HOST_DURATION.key] * 1e9) for s in steps]
-    window_s = (ends[2] - ends[0]) / 1e9
-    assert value(tel, c.THROUGHPUT_SAMPLES.name) == pytest.approx(128 / window_s, rel=1e-3)
-    assert value(tel, c.THROUGHPUT_TOKENS.name) == pytest.approx(128 * 512 / window_s, rel=1e-3)
     assert value(tel, c.SCALAR.name, name="loss") == pytest.approx(1 / 3)
 
 

@@ -1,0 +1,105 @@
+"""Figures derived in PromQL from the exported metrics. Each was a gauge per rank that
+equals an expression over series the rank sends anyway (a rate of a counter, a ratio of
+two gauges), so Prometheus computes it at query time instead: that is part of how a rank
+stays under 30 series (docs/scale.md). The dashboards use these queries; the console, the
+run summary, the report page and the step spans still carry the figures themselves."""
+
+from __future__ import annotations
+
+from .metrics import (
+    A_CATEGORY,
+    A_DTYPE,
+    A_KIND,
+    A_PHASE,
+    DEVICE_MEMORY_LIMIT,
+    MFU,
+    PHASE_MEMORY_PEAK,
+    RUN_TIME,
+    SAMPLES,
+    THROUGHPUT_FLOPS,
+    TOKENS,
+)
+from .prometheus import prometheus_base_name
+from .specs import DerivedSpec
+
+_RUN_TIME = prometheus_base_name(RUN_TIME)
+
+
+def _by(by: str, *more: str) -> str:
+    return ", ".join(x for x in (by, *more) if x)
+
+
+def _run_time(selector: str, categories: str, by: str, window: str = "") -> str:
+    """Run time of these categories (a regex), summed by ``by``: over ``window`` as a rate,
+    or since the first step."""
+    sel = f'{_RUN_TIME}{{{selector}, {A_CATEGORY}=~"{categories}"}}'
+    if window:
+        sel = f"rate({sel}[{window}])"
+    return f"sum by ({by}) ({sel})"
+
+
+def _rate(metric: str, selector: str, by: str, window: str) -> str:
+    return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
+
+
+DERIVED_GOODPUT = DerivedSpec(
+    "goodput",
+    "1",
+    "Share of run wall time since the first step spent training (steps less data waits): "
+    "the `train` share of `otel_train.run.time`.",
+    lambda s, by, w: f"{_run_time(s, 'train', by)} / {_run_time(s, '.+', by)}",
+    over="run",
+)
+DERIVED_DATA_STALL = DerivedSpec(
+    "data stall",
+    "1",
+    "Share of step wall time spent waiting for batches: `data` over `train` + `data` run "
+    "time (steps are exactly those two categories).",
+    lambda s, by, w: f"{_run_time(s, 'data', by, w)} / {_run_time(s, 'train|data', by, w)}",
+    over="window",
+)
+DERIVED_THROUGHPUT_SAMPLES = DerivedSpec(
+    "samples per second",
+    "{sample}/s",
+    "Samples per second of wall time: the rate of `otel_train.samples`.",
+    lambda s, by, w: _rate(prometheus_base_name(SAMPLES), s, by, w),
+    over="window",
+)
+DERIVED_THROUGHPUT_TOKENS = DerivedSpec(
+    "tokens per second",
+    "{token}/s",
+    "Tokens per second of wall time: the rate of `otel_train.tokens`.",
+    lambda s, by, w: _rate(prometheus_base_name(TOKENS), s, by, w),
+    over="window",
+)
+DERIVED_PHASE_MEMORY_UTILIZATION = DerivedSpec(
+    "phase memory utilization",
+    "1",
+    "Peak reserved bytes of each phase over the device's memory (CUDA), most recent step "
+    "(the run summary's % of device).",
+    lambda s, by, w: (
+        f"max by ({_by(by, A_PHASE)}) ({prometheus_base_name(PHASE_MEMORY_PEAK)}{{{s}, "
+        f'{A_KIND}="reserved"}}) / on({by}) group_left '
+        f"max by ({by}) ({prometheus_base_name(DEVICE_MEMORY_LIMIT)}{{{s}}})"
+    ),
+    over="latest",
+)
+DERIVED_DEVICE_PEAK_FLOPS = DerivedSpec(
+    "device peak FLOP/s",
+    "{flop}/s",
+    "The dense peak MFU is measured against, for its `dtype`: achieved FLOP/s over MFU.",
+    lambda s, by, w: (
+        f"max by ({_by(by, A_DTYPE)}) ({prometheus_base_name(THROUGHPUT_FLOPS)}{{{s}}} "
+        f"/ ignoring({A_DTYPE}) group_right {prometheus_base_name(MFU)}{{{s}}})"
+    ),
+    over="latest",
+)
+
+DERIVED = (
+    DERIVED_GOODPUT,
+    DERIVED_DATA_STALL,
+    DERIVED_THROUGHPUT_SAMPLES,
+    DERIVED_THROUGHPUT_TOKENS,
+    DERIVED_PHASE_MEMORY_UTILIZATION,
+    DERIVED_DEVICE_PEAK_FLOPS,
+)
