@@ -188,10 +188,9 @@ def test_per_phase_memory_peaks(cuda: torch.device) -> None:
     assert peaks[("sibling", "allocated")] < baseline + 1 * MiB
     (limit,) = tel.points(c.DEVICE_MEMORY_LIMIT.name)
     assert limit.value == total
-    utilization = {
-        p.attributes["phase"]: p.value for p in tel.points(c.PHASE_MEMORY_UTILIZATION.name)
-    }
-    assert utilization["big"] == pytest.approx(big[c.PHASE_PEAK_RESERVED.key] / total)
+    # Utilization as Prometheus derives it (contract.DERIVED): reserved peak / limit.
+    utilization = peaks[("big", "reserved")] / limit.value
+    assert utilization == pytest.approx(big[c.PHASE_PEAK_RESERVED.key] / total)
 
 
 def test_cuda_oom_in_a_phase_adds_an_oom_event(cuda: torch.device) -> None:
