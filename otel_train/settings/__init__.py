@@ -213,7 +213,10 @@ class Settings:
     )
     throughput_window: int = field(
         default=20,
-        metadata={"parse": v.int_range(2, 10**6), "doc": "Steps in the throughput gauge window."},
+        metadata={
+            "parse": v.int_range(2, 10**6),
+            "doc": "Steps in the window of the achieved FLOP/s and MFU gauges.",
+        },
     )
     profile_steps: tuple[int, int] | None = field(
         default=None,
