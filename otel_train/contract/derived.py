@@ -20,7 +20,7 @@ from .metrics import (
     TOKENS,
 )
 from .prometheus import prometheus_base_name
-from .specs import DerivedSpec
+from .specs import DerivedSpec, MetricSpec
 
 _RUN_TIME = prometheus_base_name(RUN_TIME)
 
@@ -38,8 +38,16 @@ def _run_time(selector: str, categories: str, by: str, window: str = "") -> str:
     return f"sum by ({by}) ({sel})"
 
 
-def _rate(metric: str, selector: str, by: str, window: str) -> str:
-    return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
+def _per_second(counter: MetricSpec, what: str) -> DerivedSpec:
+    """A counter's rate, summed by ``by``: samples or tokens per second of wall time."""
+    metric = prometheus_base_name(counter)
+    return DerivedSpec(
+        f"{what} per second",
+        f"{{{what[:-1]}}}/s",
+        f"{what.capitalize()} per second of wall time: the rate of `{counter.name}`.",
+        lambda s, by, w: f"sum by ({by}) (rate({metric}{{{s}}}[{w}]))",
+        over="window",
+    )
 
 
 DERIVED_GOODPUT = DerivedSpec(
@@ -58,20 +66,8 @@ DERIVED_DATA_STALL = DerivedSpec(
     lambda s, by, w: f"{_run_time(s, 'data', by, w)} / {_run_time(s, 'train|data', by, w)}",
     over="window",
 )
-DERIVED_THROUGHPUT_SAMPLES = DerivedSpec(
-    "samples per second",
-    "{sample}/s",
-    "Samples per second of wall time: the rate of `otel_train.samples`.",
-    lambda s, by, w: _rate(prometheus_base_name(SAMPLES), s, by, w),
-    over="window",
-)
-DERIVED_THROUGHPUT_TOKENS = DerivedSpec(
-    "tokens per second",
-    "{token}/s",
-    "Tokens per second of wall time: the rate of `otel_train.tokens`.",
-    lambda s, by, w: _rate(prometheus_base_name(TOKENS), s, by, w),
-    over="window",
-)
+DERIVED_THROUGHPUT_SAMPLES = _per_second(SAMPLES, "samples")
+DERIVED_THROUGHPUT_TOKENS = _per_second(TOKENS, "tokens")
 DERIVED_PHASE_MEMORY_UTILIZATION = DerivedSpec(
     "phase memory utilization",
     "1",
