@@ -34,7 +34,9 @@ HERE = Path(__file__).resolve().parent
 PROM_UID = "otel-train-prometheus"
 JAEGER_UID = "otel-train-jaeger"
 THANOS_UID = "otel-train-thanos"
-PROM = {"type": "prometheus", "uid": PROM_UID}
+# Every query reads the data source the $datasource variable picks: Prometheus by default,
+# or Thanos query where one Prometheus no longer holds every job (docs/scale.md).
+PROM = {"type": "prometheus", "uid": "${datasource}"}
 
 # Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
 # adds otel_train_source="scrape" (deploy/prometheus.yml), so no series counts twice.
@@ -114,8 +116,18 @@ def variables(jobs: str) -> dict[str, Any]:
         return out
 
     ranks = f'label_values({n(c.STEPS)}{{job="$job", {OTLP}}}, otel_train_rank)'
+    source = {
+        "name": "datasource",
+        "label": "data source",
+        "type": "datasource",
+        "query": "prometheus",  # the Prometheus-type sources: Prometheus and Thanos
+        "current": {"selected": True, "text": "Prometheus", "value": PROM_UID},
+        "refresh": 1,
+        "hide": 0,
+    }
     return {
         "list": [
+            source,
             var("job", "service / job", f"label_values({jobs}, job)", many=False),
             var("rank", "rank", ranks, many=True),
         ]
@@ -507,7 +519,7 @@ datasources:
           datasourceUid: {JAEGER_UID}
   # The same PromQL over the horizontally scalable store (deploy/: Prometheus remote-writes
   # to Thanos receive). In compose Thanos query runs in Prometheus's network namespace.
-  # Point a dashboard's panels at it where one Prometheus no longer holds every job.
+  # Each dashboard's "data source" variable switches its panels to it.
   - name: Thanos
     type: prometheus
     uid: {THANOS_UID}

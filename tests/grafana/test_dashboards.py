@@ -37,8 +37,12 @@ RECORDED = {r["record"] for r in RULES if "record" in r}
 
 def all_queries(dash: dict[str, Any]) -> list[str]:
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    exprs += [v["query"]["query"] for v in dash["templating"]["list"]]
+    exprs += [v["query"]["query"] for v in query_variables(dash)]
     return exprs
+
+
+def query_variables(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for v in dash["templating"]["list"] if v["type"] == "query"]
 
 
 def metric_names(expr: str) -> set[str]:
@@ -117,10 +121,19 @@ def test_datasources_provisioning_and_uids() -> None:
         assert {x["name"] for x in dest} == {"trace_id"}
     for path in DASHBOARDS:
         dash = json.loads(path.read_text())
+        # Every query reads the source $datasource picks: one of the Prometheus-type ones,
+        # Prometheus by default (Thanos query serves the same PromQL: tests/e2e).
+        (source,) = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
+        assert source["name"] == "datasource" and source["query"] == "prometheus"
+        assert source["current"]["value"] == BUILD.PROM_UID
+        assert {d["uid"] for d in ds["datasources"] if d["type"] == "prometheus"} == {
+            BUILD.PROM_UID,
+            BUILD.THANOS_UID,
+        }
         uids = {p["datasource"]["uid"] for p in dash["panels"]}
         uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]}
-        uids |= {v["datasource"]["uid"] for v in dash["templating"]["list"]}
-        assert uids <= set(by_uid), f"{path.name} references unknown datasource uids"
+        uids |= {v["datasource"]["uid"] for v in query_variables(dash)}
+        assert uids == {"${datasource}"}, f"{path.name}: {uids}"
 
 
 def test_dashboard_provider_points_where_compose_mounts_the_dashboards() -> None:
@@ -187,7 +200,7 @@ def test_job_is_one_training_job_over_otlp(path: Path) -> None:
     assert not job["multi"] and not job["includeAll"] and "allValue" not in job
     assert 'otel_train_source=""' in job["query"]["query"]
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if v["name"] != "job"]
+    exprs += [v["query"]["query"] for v in query_variables(dash) if v["name"] != "job"]
     for expr in exprs:
         assert 'job=~"$job"' not in expr
         if "$job" in expr:
