@@ -39,6 +39,10 @@ CONTROL_EVERY = 16  # pumps between reads of the sidecar's requests (a syscall e
 WRITE_EVERY = 8  # pumps between writes to the pipe (a syscall each), unless WRITE_AT
 WRITE_AT = 32 << 10
 EXTRAS_EVERY = 16  # raw pumps between messages with counters, regions and FLOP counts
+# The three fall on different pumps (control at 0, writes at 4 and 12, extras at 8 of
+# every 16): together in one pump they made a lump of 200-500 us of the training
+# thread's CPU (benchmarks/README.md, "Pump lumps").
+WRITE_PHASE, EXTRAS_PHASE = 4, 8
 TICK_S = 0.1  # how often the feeder's thread looks whether the training thread pumped
 IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
 START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 1-2 s)
@@ -127,9 +131,9 @@ class Feeder:
         pumps = self._pumps = self._pumps + 1
         if pumps % CONTROL_EVERY == 0:
             self._read_control()
-        write = write or final or pumps % WRITE_EVERY == 0
+        write = write or final or pumps % WRITE_EVERY == WRITE_PHASE
         if self.handover.raw and not final:
-            self._pump_raw(pumps % EXTRAS_EVERY == 0)
+            self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
             batch = self.source.take(derive=False, keep_partial=not final)
             if not final:

@@ -15,6 +15,9 @@ point where the local recorder is idle with nothing waiting.
 Stream positions count the entries sent in one raw session; the sidecar reports
 ``(IDLE, session, position, next_index, step-stack token)`` and the kept entries
 before ``position`` are let go, so at most about a report interval of entries is kept.
+They are let go about a hundred at each take rather than all at the report: freeing a
+report interval's entries (about a thousand tuples) at once took 50-100 us of the
+training thread's CPU in one pump (``benchmarks/README.md``, "Pump lumps").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..recording.recorder import Recorder
 from . import wire
 
 MAX_UNAPPLIED = 1 << 18  # past this (the sidecar stopped reporting), catch up here
+RELEASE_PER_TAKE = 96  # acknowledged entries let go per take (a plain loop's takes ~40)
 
 
 class RawHandover:
@@ -37,6 +41,7 @@ class RawHandover:
         self.session = 0
         self._unapplied: collections.deque[tuple[Any, ...]] = collections.deque()
         self._base = 0  # stream position of _unapplied[0]
+        self._acked = 0  # stream position the sidecar's replica was last idle at
         self._sent = 0  # stream position after the last entry sent
         self._idle: tuple[int, Any] = (0, None)  # (next step index, step stack) there
         self._stacks: dict[int, Any] = {}  # token -> this process's stack
@@ -67,7 +72,7 @@ class RawHandover:
         self.raw = True
         self.session += 1
         self._unapplied.clear()
-        self._base = self._sent = 0
+        self._base = self._sent = self._acked = 0
         self._idle = (rec._next_index, stack)
         token = None
         if stack is not None:
@@ -84,6 +89,8 @@ class RawHandover:
         entries = list(islice(iter(log.popleft, None), n))
         self._unapplied.extend(entries)
         self._sent += n
+        if self._acked > self._base:  # (at least as many as came in: the backlog shrinks)
+            self._release(max(RELEASE_PER_TAKE, n))
         stack = self.rec.step_stack
         if stack is not None:  # the idle points the sidecar reports name this stack
             self._stacks[id(stack)] = stack
@@ -93,14 +100,18 @@ class RawHandover:
 
     def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:
         """The sidecar's replica was idle at ``position`` (lock held)."""
-        if session != self.session or not self.raw or position <= self._base:
+        if session != self.session or not self.raw or position <= self._acked:
             return
         if token is not None and token not in self._stacks:
             return  # a stack this process did not name: keep the entries (catch up from before)
-        drop = min(position - self._base, len(self._unapplied))
+        self._acked = min(position, self._sent)  # let go by the next takes (_release)
+        self._idle = (next_index, self._stacks.get(token) if token is not None else None)
+
+    def _release(self, most: int) -> None:
+        """Let go of up to ``most`` kept entries the sidecar acknowledged."""
+        drop = min(self._acked - self._base, most)
         collections.deque(islice(iter(self._unapplied.popleft, None), drop), maxlen=0)
         self._base += drop
-        self._idle = (next_index, self._stacks.get(token) if token is not None else None)
 
     def leave_raw(self) -> None:
         """Bring the local state machine up to what was sent (recorder lock held)."""
@@ -110,6 +121,7 @@ class RawHandover:
         self.left += 1
         self._wait = self._backoff
         self._backoff = min(4096, self._backoff * 2)
+        self._release(self._acked - self._base)  # the replay starts at the idle point
         rec = self.rec
         rec._next_index, rec.step_stack = self._idle
         rec._current = None

@@ -102,6 +102,40 @@ def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
         assert figures[(count, (("phase", phase),))] == trained, phase
 
 
+def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
+    own_sdk: None,
+) -> None:
+    """Entries the sidecar acknowledged are let go about a hundred per take (raw.py); a
+    catch-up before any take lets the rest go first and replays only what followed the
+    idle point, so no step or phase counts twice."""
+    sess, model, opt, loader = _started()
+    handover = sess.feeder.handover
+    epochs = 0
+    deadline = time.monotonic() + 10
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader)
+        epochs += 1
+    assert handover.raw, "a plain loop's log went out raw"
+    for _ in range(6):  # about 600 entries sent raw: more than one take lets go
+        train_epoch(model, opt, loader)
+        epochs += 1
+    time.sleep(1.0)  # idle: the feeder's own pumps read the sidecar's idle reports
+    # The case under test: entries acknowledged but not let go yet (no take since).
+    assert handover._acked > handover._base
+    assert sess.recorder.current_step is None  # the state asked for before any take
+    assert handover.left >= 1 and not handover.raw
+    assert sess.recorder._next_index == epochs * len(loader)
+    for _ in range(2):
+        train_epoch(model, opt, loader)
+    trained = (epochs + 2) * len(loader)
+    address = sess.prometheus_address
+    assert steps_total(address, trained) == trained
+    figures = scrape(address)
+    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert figures[(count, (("phase", phase),))] == trained, phase
+
+
 def test_training_goes_on_when_the_sidecar_dies(
     own_sdk: None, caplog: pytest.LogCaptureFixture
 ) -> None:
