@@ -45,15 +45,11 @@ def _timed(obj: Any, attr: str, into: list[int]) -> None:
 
 def one(steps: int, warmup: int) -> dict[str, Any]:
     import torch
+    from tail import mlp
 
     import otel_train
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randn(4096, 64))
-    loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True, drop_last=True)
+    model, opt, loader = mlp()
     otel_train.instrument(model, optimizer=opt, dataloader=loader)
     session = otel_train.session.current()
     feeder = getattr(session, "feeder", None)

@@ -108,12 +108,9 @@ def _pin_stack() -> str:
     return ", ".join(moved) or "none running"
 
 
-def one(
-    variant: str, steps: int, warmup: int, warmup_s: float, pin: bool = False
-) -> dict[str, Any]:
-    """One process's run: every step's duration (ns) and its generation-2 collections."""
-    if pin:  # (before torch starts a thread: threads inherit the creator's CPUs)
-        os.sched_setaffinity(0, {0})
+def mlp() -> tuple[Any, Any, Any]:
+    """The measured loop's parts: a 64-256-64 MLP, SGD, batches of 32, one torch thread
+    (pump_cpu.py trains the same)."""
     import torch
 
     torch.manual_seed(0)
@@ -122,6 +119,18 @@ def one(
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randn(4096, 64))
     loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True, drop_last=True)
+    return model, opt, loader
+
+
+def one(
+    variant: str, steps: int, warmup: int, warmup_s: float, pin: bool = False
+) -> dict[str, Any]:
+    """One process's run: every step's duration (ns) and its generation-2 collections."""
+    if pin:  # (before torch starts a thread: threads inherit the creator's CPUs)
+        os.sched_setaffinity(0, {0})
+    import torch
+
+    model, opt, loader = mlp()
     if not variant.startswith("plain"):
         import otel_train
 

@@ -62,6 +62,16 @@ def own_sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     otel_train.shutdown()
 
 
+def _counted_once(sess: Any, trained: int) -> None:
+    """The sidecar's /metrics counts every trained step once, and each of its phases."""
+    address = sess.prometheus_address
+    assert steps_total(address, trained) == trained
+    figures = scrape(address)
+    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert figures[(count, (("phase", phase),))] == trained, phase
+
+
 def _started(**settings: Any) -> tuple[Any, Any, Any, Any]:
     model, opt = tiny_model()
     loader = tiny_loader(n=64, batch_size=8)
@@ -94,12 +104,7 @@ def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
     for _ in range(3):
         train_epoch(model, opt, loader)
     trained = (epochs + 4) * len(loader)
-    address = sess.prometheus_address
-    assert steps_total(address, trained) == trained
-    figures = scrape(address)
-    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
-    for phase in ("data", "forward", "backward", "optimizer"):
-        assert figures[(count, (("phase", phase),))] == trained, phase
+    _counted_once(sess, trained)
 
 
 def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
@@ -128,12 +133,7 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     for _ in range(2):
         train_epoch(model, opt, loader)
     trained = (epochs + 2) * len(loader)
-    address = sess.prometheus_address
-    assert steps_total(address, trained) == trained
-    figures = scrape(address)
-    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
-    for phase in ("data", "forward", "backward", "optimizer"):
-        assert figures[(count, (("phase", phase),))] == trained, phase
+    _counted_once(sess, trained)
 
 
 def test_training_goes_on_when_the_sidecar_dies(
