@@ -124,7 +124,8 @@ def _gauge_charts(ranks: list[RankRecord], x: list[float],
 
 
 def _by_category(values: f.Values | None) -> dict[str, float]:
-    return {str(dict(k).get(c.A_CATEGORY)): v for k, v in (values or {}).items()}
+    """Run-time counter values by their category."""
+    return {str(dict(k).get(c.A_CATEGORY, "")): v for k, v in (values or {}).items()}
 
 
 def _stall(now: f.Values, before: f.Values | None, seconds: float) -> float | None:
@@ -170,8 +171,7 @@ def _stragglers(ranks: list[RankRecord]) -> dict[str, Any]:
 def _goodput(ranks: list[RankRecord]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for rank in ranks:
-        for attrs, value in f.last_values(rank, c.RUN_TIME.name).items():
-            category = str(dict(attrs).get(c.A_CATEGORY, ""))
+        for category, value in _by_category(f.last_values(rank, c.RUN_TIME.name)).items():
             totals[category] = totals.get(category, 0.0) + value
     wall = sum(totals.values())
     return {k: v / wall for k, v in sorted(totals.items())} if wall > 0 else {}
