@@ -273,7 +273,7 @@ class ConsoleReporter:
         if self.run_tokens:
             lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
         if self.efficiency is not None and not self.efficiency.failed:
-            from .efficiency import summary_lines
+            from .efficiency_lines import summary_lines
 
             lines += summary_lines(self.efficiency, fmt_seconds)
         lines.append(

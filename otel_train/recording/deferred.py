@@ -55,6 +55,7 @@ class DeferredLog(PhaseMachine):
         # The sidecar's raw handover (sidecar/raw.py) while the log goes out unapplied:
         # anything that needs this recorder's state has it catch up first.
         self.handover: Any = None
+        self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
         self._defer = self._may_defer()
         self._shapes = StepShapes(settings)
@@ -92,8 +93,22 @@ class DeferredLog(PhaseMachine):
             self._flop_probe = probe
             self._defer = self._may_defer()
 
+    def _device_scalars(self) -> None:
+        """A CUDA tensor was recorded (device_timing="off"): its value arrives by an event
+        that only this process can query, so steps are kept as steps from now on (the log
+        and the raw hand-over, which cross to the sidecar unresolved, stop)."""
+        with self._lock:
+            self._settle()
+            self._scalar_events = True
+            self._defer = self._may_defer()
+
     def _may_defer(self) -> bool:
-        return not self._want_cuda and self._debug is None and self._flop_probe is None
+        return (
+            not self._want_cuda
+            and self._debug is None
+            and self._flop_probe is None
+            and not self._scalar_events
+        )
 
     # -- the state, as callers see it --------------------------------------------------
 

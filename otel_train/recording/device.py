@@ -1,8 +1,18 @@
 """CUDA events and the device clock, resolved without host-device synchronisation.
 
 The training thread only calls :meth:`EventPool.record` (``cudaEventRecord``, an
-asynchronous enqueue). The worker thread later polls ``Event.query()`` and, once an
+asynchronous enqueue). A consumer thread later polls ``Event.query()`` and, once an
 event has completed, places it on the host clock with :class:`DeviceClock`.
+
+One device, one stream per thread
+---------------------------------
+A recorder is bound to one CUDA device (the model's, else the training thread's current
+device at the first boundary that finds CUDA initialised: ``Recorder.device``), and its
+pool records every event on that device, on the calling thread's current stream *of that
+device*. So a model on ``cuda:1`` without ``torch.cuda.set_device(1)`` is timed on its
+own stream, and no event of another device ever enters the pool. Threads that only read
+events (the worker, the helper's feeder) do so inside :func:`on_device`, so they never
+make a CUDA context on device 0 of their own.
 
 How device timestamps are placed on the host clock
 --------------------------------------------------
@@ -16,33 +26,45 @@ difference. The estimate is therefore early by exactly the smallest queueing del
 whenever the GPU drains at least once (any ``.item()``, data wait or log step),
 larger only while the host runs continuously ahead of the device. The anchor is
 renewed every ``reanchor_ns`` to bound drift between the GPU and host clocks.
+Durations do not go through the anchor: each is ``elapsed_time`` between its own two
+events (an offset from an old anchor is a float32 of milliseconds, ~60 us coarse after
+ten minutes).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from typing import Any
 
 import torch
 
+from . import capture
+
 
 class EventPool:
-    """Reusable timing events; creation is not free, recording one is an async enqueue."""
+    """Reusable timing events of one device; creation is not free, recording one is an
+    async enqueue. ``device`` is set when the recorder binds (None: the current one)."""
 
-    __slots__ = ("_free", "created")
+    __slots__ = ("_free", "created", "device")
 
-    def __init__(self) -> None:
+    def __init__(self, device: int | None = None) -> None:
         self._free: collections.deque[Any] = collections.deque()
         self.created = 0
+        self.device = device
 
     def record(self) -> Any:
+        """A recorded event, or None while a CUDA graph is being captured (an event
+        recorded then would belong to the graph: the caller falls back to host time)."""
+        if capture.active:
+            return None
         try:
             ev = self._free.pop()
         except IndexError:
             ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self.created += 1
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def release(self, ev: Any) -> None:
@@ -50,46 +72,71 @@ class EventPool:
             self._free.append(ev)
 
 
-class DeviceClock:
-    """Places completed CUDA events on the host ``perf_counter_ns`` clock (see module doc)."""
+def on_device(index: int | None) -> contextlib.AbstractContextManager[Any]:
+    """Make ``index`` the calling thread's device while it queries events (nothing when it
+    already is). ``torch.cuda.device`` restores the previous device only where that device
+    has a context, so a thread that never had one does not get one on device 0."""
+    if index is None or torch.cuda.current_device() == index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
 
-    def __init__(self, pool: EventPool, reanchor_ns: int = 30_000_000_000) -> None:
-        self._pool = pool
+
+class DeviceClock:
+    """Places completed CUDA events on the host ``perf_counter_ns`` clock (see module doc).
+
+    The clock keeps its anchor (an event of a step already resolved) out of the pool while
+    it anchors; an anchor it lets go is handed back by :meth:`retired`, once.
+    """
+
+    def __init__(self, reanchor_ns: int = 30_000_000_000) -> None:
         self._anchor: Any = None
         self._anchor_host = 0
         self._anchor_taken = 0
         self._reanchor_ns = reanchor_ns
+        self._retired: list[Any] = []
 
-    def place(self, events: list[tuple[Any, int]]) -> list[int]:
-        """Host-clock ns for each completed ``(event, host_record_ns)`` (same order)."""
-        if not events:
+    def place(self, spans: list[tuple[Any, int, Any, int]]) -> list[tuple[int, int]]:
+        """Host-clock ns ``(start, end)`` of completed ``(ev0, host0, ev1, host1)`` pairs:
+        starts from the anchor, each end its start plus the pair's own elapsed time."""
+        if not spans:
             return []
         if self._anchor is None:
-            self._take_anchor(*events[0])
+            self._take_anchor(spans[0][0], spans[0][1])
         anchor = self._anchor
-        offsets = [int(anchor.elapsed_time(ev) * 1_000_000) for ev, _ in events]
-        # Lower-bound correction: device time of an event >= its host record time.
+        out = []
+        lift = 0
         base = self._anchor_host
-        lift = max(host - (base + off) for (_, host), off in zip(events, offsets, strict=True))
+        for ev0, host0, ev1, host1 in spans:
+            start = int(anchor.elapsed_time(ev0) * 1_000_000)
+            length = max(0, int(ev0.elapsed_time(ev1) * 1_000_000))
+            out.append((start, start + length))
+            # Lower-bound correction: an event's device time >= its host record time.
+            lift = max(lift, host0 - (base + start), host1 - (base + start + length))
         if lift > 0:
             self._anchor_host += lift
-        placed = [self._anchor_host + off for off in offsets]
-        last_ev, last_host = events[-1]
-        if last_host - self._anchor_taken > self._reanchor_ns:
-            self._take_anchor(last_ev, last_host)
+        base = self._anchor_host
+        placed = [(base + s, base + e) for s, e in out]
+        last = spans[-1]
+        if last[3] - self._anchor_taken > self._reanchor_ns:
+            old = self._anchor
+            self._take_anchor(last[2], last[3])
+            if all(old is not s[0] and old is not s[2] for s in spans):
+                self._retired.append(old)  # (else the caller releases it with the rest)
         return placed
 
     def _take_anchor(self, ev: Any, host_ns: int) -> None:
-        # The anchor is an event of a resolved step; the worker must not recycle it
-        # while it anchors (see ``is_anchor``).
-        if self._anchor is not None:
-            self._pool.release(self._anchor)
         self._anchor = ev
         self._anchor_host = host_ns
         self._anchor_taken = host_ns
 
     def is_anchor(self, ev: Any) -> bool:
         return ev is self._anchor
+
+    def retired(self) -> list[Any]:
+        """Anchors let go since the last call that were not among the events just placed
+        (those the caller releases itself): each goes back to the pool exactly once."""
+        out, self._retired = self._retired, []
+        return out
 
 
 def now_offset_ns() -> int:

@@ -35,10 +35,11 @@ import torch
 from .. import contract as c
 from ..settings import Settings
 from .aggregate import MetricsAggregator
-from .batch import EfficiencyColumns, StepBlock, StepEfficiency
-from .flops import CountResult, FlopKey, FlopProbe, dtype_label, parameter_count
+from .batch import EfficiencyColumns, StepBlock
+from .flops import CountResult, FlopKey, FlopProbe, parameter_count
 from .goodput import Goodput
 from .peaks import Peak, lookup_peak
+from .precision import model_label
 from .regions import RegionLog
 
 _log = logging.getLogger("otel_train")
@@ -53,6 +54,12 @@ COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted ste
 
 def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _cuda_index(model: torch.nn.Module) -> int | None:
+    """The CUDA device of the model's first parameter (None: not on CUDA)."""
+    p = next(iter(model.parameters()), None)
+    return p.device.index if p is not None and p.device.type == "cuda" else None
 
 
 def _optimized_type() -> Any:
@@ -116,6 +123,7 @@ class EfficiencyTracker:
         self.count_typical: float | None = None  # the median step the cost is taken against
         self.peak: Peak | None = None
         self._peak_known = False
+        self.peak_dtype_seen = ""  # the dtype the peak was looked up for ("": unknown)
         self._dtype = ""
         self._win: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
         self._sums = [0.0, 0.0]  # flops with a rate, their seconds, over the window
@@ -138,6 +146,9 @@ class EfficiencyTracker:
         if isinstance(model, torch.nn.Module) and all(m is not model for m in self.models):
             self.models.append(model)
             self._params = None
+            bind = getattr(self._recorder, "bind_device", None)
+            if bind is not None:
+                bind(_cuda_index(model))
 
     def facts(self) -> tuple[int, str, str | None]:
         """What the figures need of the models and device: (trainable parameters, the
@@ -222,7 +233,9 @@ class EfficiencyTracker:
             if source == "scaled":
                 self.scaled_steps += k
             done = self._counted_steps
-            if source == "counted" and any(first <= i < first + k for i in done):
+            if (samples[0], tokens[0]) in self._counted and any(
+                first <= i < first + k for i in done
+            ):
                 counted = [i in done for i in range(first, first + k)]
             else:
                 counted = [False] * k
@@ -324,8 +337,9 @@ class EfficiencyTracker:
             return None, "", False
         key = (samples, tokens)
         counted = self._counted.get(key)
-        if counted is not None:
-            return counted, "counted", index in self._counted_steps
+        if counted is not None:  # (0: the counter saw none of the step's compute: unknown)
+            was_counted = index in self._counted_steps  # (the slow step, whatever it found)
+            return (counted, "counted", was_counted) if counted else (None, "", was_counted)
         flops, source, change = self._scaled(key)
         requests = self._requests.get(key, 0)
         if (
@@ -360,7 +374,7 @@ class EfficiencyTracker:
             best = None
             for k, f in self._counted.items():
                 known = k[pos]
-                if known and (best is None or abs(known - value) < abs(best[0] - value)):
+                if known and f and (best is None or abs(known - value) < abs(best[0] - value)):
                     best = (known, f)
             if best is not None:
                 return best[1] * value / best[0], "scaled", abs(value - best[0]) / best[0]
@@ -371,6 +385,7 @@ class EfficiencyTracker:
         dtype = self._peak_dtype
         if dtype == "auto":
             dtype = self._dtype or self._model_dtype()
+        self.peak_dtype_seen = dtype
         name = None
         if self.model_facts is not None:
             name = self.model_facts[2] if self._peak_tflops is None else None
@@ -387,75 +402,15 @@ class EfficiencyTracker:
         return self.peak
 
     def _model_dtype(self) -> str:
+        """The precision the matmuls run in when nothing counted them (precision.py):
+        autocast's as an adapter saw it, else the parameters'; "" when unsure."""
         if self.model_facts is not None:
             return self.model_facts[1]
-        for model in self.models:
-            for p in model.parameters():
-                if p.is_floating_point():
-                    return dtype_label(p.dtype)
-        return "fp32"
-
-
-def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:
-    """The step span's efficiency attributes (absent, never zero, when unknown)."""
-    attrs[c.STEP_DATA_STALL.key] = eff.data_share
-    if eff.flops is not None:
-        attrs[c.STEP_FLOPS.key] = eff.flops
-        attrs[c.STEP_FLOPS_SOURCE.key] = eff.source
-    if eff.counted:
-        attrs[c.STEP_FLOPS_COUNTED.key] = True
-    if eff.flops_per_s is not None:
-        attrs[c.STEP_THROUGHPUT_FLOPS.key] = eff.flops_per_s
-    if eff.mfu is not None:
-        attrs[c.STEP_MFU.key] = eff.mfu
-
-
-def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
-    """The run summary's efficiency and goodput lines."""
-    lines = []
-    if tracker.flop_seconds_total > 0:
-        rate = tracker.flops_total / tracker.flop_seconds_total
-        text = f"  {rate / 1e12:,.3g} TFLOP/s achieved"
-        peak = tracker.peak
-        if peak is not None:
-            text += (
-                f", MFU {100.0 * rate / peak.flops_per_s:.1f}% of {peak.flops_per_s / 1e12:,.4g} "
-                f"TFLOP/s ({peak.device} {peak.dtype}, {peak.source})"
-            )
-        else:
-            text += ", MFU - (no peak known: set peak_tflops)"
-        lines.append(text)
-    for r in tracker.count_results[:MAX_COUNTED_SHAPES]:
-        padded = r.padded if r.padded != r.tokens else None
-        shape = ", ".join(
-            f"{v:,} {k}"
-            for k, v in (("samples", r.samples), ("tokens", r.tokens), ("padded tokens", padded))
-            if v is not None
-        )
-        text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
-        text += f" ({shape})" if shape else ""
-        text += f", matmuls in {r.dtype}" if r.dtype else ""
-        text += f"; counting step took {fmt_seconds(r.seconds)}"
-        typical = tracker.count_typical
-        if tracker.count_cost is not None and typical is not None and r is tracker.count_results[0]:
-            if tracker.count_cost > 0:
-                text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step of "
-                text += f"{fmt_seconds(typical)})"
-            else:  # the steps after it were as slow or slower (an evaluation among them)
-                text += f", no slower than a typical step ({fmt_seconds(typical)})"
-        lines.append(text)
-    if tracker.counted_total > 1 or tracker.scaled_steps:
-        lines.append(
-            f"  FLOP counting: {tracker.counted_total} counted steps took "
-            f"{fmt_seconds(tracker.count_seconds)} in all; {tracker.scaled_steps:,} steps of "
-            "other batch shapes scaled from the nearest counted one (linear in padded tokens)"
-        )
-    if tracker.step_total > 0:
-        lines.append(f"  data stall {100.0 * tracker.data_total / tracker.step_total:.1f}% "
-                     "of step time")  # fmt: skip
-    shares = tracker.goodput_shares()
-    if shares is not None:
-        wall, share = shares
-        parts = ", ".join(f"{k} {100.0 * v:.1f}%" for k, v in share.items())
-        lines.append(f"  goodput {100.0 * share['train']:.1f}% of {fmt_seconds(wall)}: {parts}")
-    return lines
+        rec = self._recorder
+        hint = getattr(rec, "precision_hint", None)
+        if hint is None and getattr(rec, "compiled_seen", False):
+            # A forward traced by torch.compile runs no hook that could read autocast.
+            params = [p for m in self.models for p in m.parameters() if p.is_floating_point()]
+            if params and params[0].dtype == torch.float32:
+                return ""
+        return model_label(self.models, hint)

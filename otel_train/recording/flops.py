@@ -10,7 +10,9 @@ run summary. Between counts the recorder holds
 ``flop_probe = None``, so a step pays one attribute test and nothing else.
 
 A second, tiny dispatch mode runs next to the counter and notes the dtype the
-matmuls ran in, which picks the peak MFU is measured against.
+matmuls ran in; after the step, that dtype and PyTorch's precision settings
+(recording/precision.py) label the FLOPs, which picks the peak MFU is measured against
+("mixed" when no precision holds nine tenths of them: no MFU).
 
 Usage (what the efficiency tracker and the recorder do)::
 
@@ -32,6 +34,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .precision import dominant as dominant_label
+from .precision import dtype_label
 
 _log = logging.getLogger("otel_train")
 
@@ -64,7 +69,7 @@ class CountResult:
     tokens: int | None
     padded: int | None  # tokens padding included, when an adapter counted them
     flops: int
-    dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8, from the matmuls' inputs ("" if none ran)
+    dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8 / mixed, from the matmuls' inputs ("": none)
     seconds: float  # host wall time of the counted step, counting included
 
     @property
@@ -72,41 +77,47 @@ class CountResult:
         return flop_key(self.samples, self.tokens, self.padded)
 
 
-def dtype_label(dtype: torch.dtype) -> str:
-    if dtype == torch.bfloat16:
-        return "bf16"
-    if dtype == torch.float16:
-        return "fp16"
-    if dtype == torch.float32:
-        return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-    if "float8" in str(dtype):
-        return "fp8"
-    return str(dtype).replace("torch.", "")
-
-
 class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode base is untyped
-    """Counts matmul-like operator calls per input dtype; changes nothing."""
+    """Notes each matmul-like operator call's input dtype; changes nothing.
+
+    Only dtypes are noted here: what a float32 input means (fp32 or tf32) is read after
+    the step (:meth:`dominant`), because PyTorch's precision getters can raise, and an
+    error inside ``__torch_dispatch__`` would come out of the user's own operator."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.calls: collections.Counter[str] = collections.Counter()
+        # (operator packet, input dtype or None for fp8 scaled matmuls, is a convolution)
+        self.calls: collections.Counter[tuple[Any, Any, bool]] = collections.Counter()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        name = func.overloadpacket.__name__
+        packet = func.overloadpacket
+        name = packet.__name__
         if name in _MATMUL_NAMES:
             if name == "_scaled_mm":
-                self.calls["fp8"] += 1
+                self.calls[(packet, None, False)] += 1
             else:
                 for a in args:
                     if isinstance(a, torch.Tensor) and a.is_floating_point():
-                        self.calls[dtype_label(a.dtype)] += 1
+                        self.calls[(packet, a.dtype, name == "convolution")] += 1
                         break
         return func(*args, **(kwargs or {}))
 
-    def dominant(self) -> str:
-        return self.calls.most_common(1)[0][0] if self.calls else ""
+    def dominant(self, flops_by_op: dict[Any, int]) -> str:
+        """The precision holding most of the step's counted FLOPs (precision.dominant();
+        calls weigh in for operators the counter gave no FLOPs)."""
+        calls: dict[Any, collections.Counter[str]] = {}
+        for (op, dtype, conv), n in self.calls.items():
+            label = "fp8" if dtype is None else dtype_label(dtype, conv)
+            calls.setdefault(op, collections.Counter())[label] += n
+        weights: dict[str, float] = {}
+        for op, labels in calls.items():
+            total = sum(labels.values())
+            weight = flops_by_op.get(op, 0) or total
+            for label, n in labels.items():
+                weights[label] = weights.get(label, 0.0) + weight * n / total
+        return dominant_label(weights)
 
 
 class _GlobalOnly:
@@ -257,7 +268,7 @@ class FlopProbe:
             raise RuntimeError("a counted step ended on another thread than it began")
         dtypes.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         counter.__exit__(None, None, None)
-        return int(counter.get_total_flops()), dtypes.dominant()
+        return int(counter.get_total_flops()), dtypes.dominant(_global_counts(counter))
 
     def _fail(self) -> None:
         self.failed = True
@@ -276,7 +287,16 @@ def count_flops(fn: Any, *args: Any, **kwargs: Any) -> tuple[int, str, float]:
     t0 = perf_counter_ns()
     with counter, dtypes:
         fn(*args, **kwargs)
-    return int(counter.get_total_flops()), dtypes.dominant(), (perf_counter_ns() - t0) / 1e9
+    seconds = (perf_counter_ns() - t0) / 1e9
+    return int(counter.get_total_flops()), dtypes.dominant(_global_counts(counter)), seconds
+
+
+def _global_counts(counter: Any) -> dict[Any, int]:
+    """FLOPs per operator packet (every FLOP goes to "Global": see _GlobalOnly)."""
+    try:
+        return dict(counter.get_flop_counts().get("Global", {}))
+    except Exception:
+        return {}
 
 
 def parameter_count(models: Iterable[Any]) -> int:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..settings import ConfigError, Settings
+from . import capture
 from .device import EventPool
 from .links import CarrierGate, Parent, StepLink, new_ids
 from .memory import CudaMemoryTracker
@@ -59,9 +61,12 @@ class StepMachine:
         self.max_pending = settings.max_pending_steps
         self.dropped_steps = 0
         self.dropped_phases = 0
-        self.events = EventPool()
+        self.events = EventPool()  # the bound device's (device.py): every event comes from it
         self.memory: CudaMemoryTracker | None = None
         self._cuda = False
+        # The CUDA device events and memory figures are taken on: the model's (bind_device),
+        # else the training thread's current device when CUDA first shows up.
+        self.device: int | None = None
         # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
         self._want_cuda = (
             not replica and settings.device_timing != "off" and torch.cuda.is_available()
@@ -74,8 +79,13 @@ class StepMachine:
         self._next_index = 0
         self._scoped: list[OpenStep | None] = []  # what each open scoped step opened
         self.compiled_seen = False  # an adapter saw its model run under torch.compile
+        # The dtype autocast (or the trainer's precision setting) runs forwards in, as an
+        # adapter saw it: MFU's peak without a FLOP count (efficiency.py, precision.py).
+        self.precision_hint: str | None = None
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
+        # Every thread's stack that has had a phase with memory figures (phases._fold_all).
+        self._peak_stacks: weakref.WeakSet[Any] = weakref.WeakSet()
         # Background phase trees (phases.py) that ended with no step open: they join the
         # next step to end. And how many trees are open on background threads now.
         self._orphans: collections.deque[OpenStep] = collections.deque()
@@ -125,12 +135,48 @@ class StepMachine:
 
     # -- opening and closing steps -----------------------------------------------------
 
+    def bind_device(self, index: int | None) -> None:
+        """Take events and memory figures on CUDA device ``index`` (the model's), unless a
+        device is bound already."""
+        if index is not None and self.device is None and self._want_cuda:
+            self.device = self.events.device = index
+
     def _refresh_cuda(self) -> None:
         # Cheap re-check until CUDA shows up: we never create a CUDA context ourselves.
         if self._want_cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            if self.device is None:
+                self.device = self.events.device = torch.cuda.current_device()
+            capture.install()
             self._cuda = True
             if self.settings.memory and self.memory is None:
-                self.memory = CudaMemoryTracker(self.settings.reset_peak_memory)
+                self.memory = CudaMemoryTracker(self.settings.reset_peak_memory, self.device)
+
+    def _thread_device(self) -> int | None:
+        """The device a background or remote tree on this thread is timed on: the bound
+        one if it is this thread's current device, else None (host time: an event on the
+        bound device's stream would time another thread's work)."""
+        if not self._cuda:
+            return None
+        return self.device if torch.cuda.current_device() == self.device else None
+
+    def _release_timing(self, step: OpenStep) -> None:
+        ev = self.events
+        ev.release(step.ev0)
+        ev.release(step.ev1)
+        for p in step.phases:
+            ev.release(p[P_EV0])
+            ev.release(p[P_EV1])
+
+    def _end_events(self, step: OpenStep) -> None:
+        """Record ``step``'s end event; a capture that began meanwhile (no event now) makes
+        it a host-timed step, its events back in the pool."""
+        if step.ev0 is None:
+            return
+        step.ev1 = self.events.record()
+        if step.ev1 is None:
+            self._release_timing(step)
+            step.ev0 = None
+            step.phases = [(*r[:P_EV0], None, None, *r[P_EV1 + 1 :]) for r in step.phases]
 
     def _begin_at(
         self,
@@ -154,8 +200,7 @@ class StepMachine:
             if self._want_cuda and not self._cuda:
                 self._refresh_cuda()
             if self._cuda:
-                step = OpenStep(self._next_index, t, mode, self.events.record(),
-                                torch.cuda.current_device())  # fmt: skip
+                step = OpenStep(self._next_index, t, mode, self.events.record(), self.device)
             else:
                 step = OpenStep(self._next_index, t, mode, None, None)
             if mode != CYCLE:
@@ -200,7 +245,7 @@ class StepMachine:
         if self._flop_probe is not None:
             self._flop_probe.end(step, t1)
         step.t1 = t1
-        step.ev1 = self.events.record() if step.ev0 is not None else None
+        self._end_events(step)
         step.closed = True
         self._current = None
         orphans = self._orphans
@@ -234,7 +279,7 @@ class StepMachine:
         self.background_open -= 1
         if holder.mode == REMOTE:
             holder.t1 = holder.phases[-1][P_T1]  # (the outermost phase: it ended last)
-            holder.ev1 = self.events.record() if holder.ev0 is not None else None
+            self._end_events(holder)
             holder.closed = True
             self._queue(holder)
             self._keep_produced(holder)
@@ -302,12 +347,12 @@ class StepMachine:
         self.background_open = 0
 
     def _release_step(self, step: OpenStep) -> None:
+        """A step no one will resolve: every event it holds back to the pool."""
+        self._release_timing(step)
         ev = self.events
-        ev.release(step.ev0)
-        ev.release(step.ev1)
-        for p in step.phases:
-            ev.release(p[P_EV0])
-            ev.release(p[P_EV1])
+        for _, raw in step.scalars or ():
+            if raw.__class__ is tuple:  # a CUDA scalar's copy event (values.raw_scalar)
+                ev.release(raw[1])
 
     def _end_at(self, t: int, mode: int) -> None:
         """End the open step if ``mode`` ends it: its own, or an adapter's optimizer step
@@ -390,8 +435,9 @@ class StepMachine:
         outermost span's id is ``span`` (what its token names, tokens.py)."""
         if self._want_cuda and not self._cuda:
             self._refresh_cuda()
-        if self._cuda:
-            holder = OpenStep(-1, t, REMOTE, self.events.record(), torch.cuda.current_device())
+        device = self._thread_device()
+        if device is not None:
+            holder = OpenStep(-1, t, REMOTE, self.events.record(), device)
         else:
             holder = OpenStep(-1, t, REMOTE, None, None)
         if parent is not None:

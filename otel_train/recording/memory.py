@@ -26,18 +26,22 @@ MemorySample = tuple[int, int, int, int]  # peak allocated, peak reserved, retri
 
 
 class CudaMemoryTracker:
-    __slots__ = ("_raw", "_reset", "reset_peaks", "total_bytes")
+    """Allocator figures of one device: the recorder's (device.py), whatever the calling
+    thread's current device is."""
+
+    __slots__ = ("_raw", "_reset", "device", "reset_peaks", "total_bytes")
 
     def __init__(self, reset_peaks: bool, device: int | None = None) -> None:
         self.reset_peaks = reset_peaks
         index = torch.cuda.current_device() if device is None else device
+        self.device = index
         self.total_bytes = int(torch.cuda.get_device_properties(index).total_memory)
         # The nested stats dict avoids memory_stats()'s Python flattening on the hot path.
         self._raw: Any = getattr(torch._C, "_cuda_memoryStats", None)
         self._reset: Any = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 
     def sample(self) -> MemorySample:
-        device = torch.cuda.current_device()
+        device = self.device
         if self._raw is not None:
             s = self._raw(device)
             out = (
@@ -63,4 +67,5 @@ class CudaMemoryTracker:
 
     def current(self) -> tuple[int, int]:
         """Bytes allocated and reserved right now (for the OOM event)."""
-        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+        device = self.device
+        return int(torch.cuda.memory_allocated(device)), int(torch.cuda.memory_reserved(device))

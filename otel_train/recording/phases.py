@@ -63,19 +63,21 @@ class PhaseMachine(StepMachine):
                 if stack:
                     step = stack[-1][S_STEP]
                 else:
-                    step = OpenStep(-1, t, BACKGROUND, None, None)
+                    step = OpenStep(-1, t, BACKGROUND, None, self._thread_device())
                     self.background_open += 1
             elif step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t, stack)
                 if step is None:
                     return
             if self._cuda:
-                ev = self.events.record() if name not in HOST_PHASES else None
+                # (a tree on a thread of another device: host time, see _thread_device)
+                timed = step.device is not None and name not in HOST_PHASES
+                ev = self.events.record() if timed else None
                 r0 = o0 = 0
                 mem = self.memory
                 if mem is not None:
                     pa, pr, r0, o0 = mem.sample()
-                    _fold_peaks(stack, pa, pr)
+                    self._fold_all(stack, pa, pr)
             else:
                 ev = None
                 r0 = o0 = 0
@@ -138,12 +140,17 @@ class PhaseMachine(StepMachine):
                     return
             entry = stack[-1]
             _, seq, parent, t0, ev0, step, _, _, r0, o0 = entry
-            ev = self.events.record() if ev0 is not None else None
+            ev = None
+            if ev0 is not None:
+                ev = self.events.record()
+                if ev is None:  # a CUDA-graph capture began inside the phase: host time
+                    self.events.release(ev0)
+                    ev0 = None
             memory = None
             mem = self.memory
             if mem is not None:
                 pa, pr, r, o = mem.sample()
-                _fold_peaks(stack, pa, pr)
+                self._fold_all(stack, pa, pr)
                 memory = (entry[S_PEAK_ALLOCATED], entry[S_PEAK_RESERVED], r - r0, o - o0)
             stack.pop()
             if step.closed:
@@ -248,6 +255,17 @@ class PhaseMachine(StepMachine):
                     self._exit_at(t, stack)
         if open_ is not None:
             self._enter_at(open_, t, stack)
+
+    def _fold_all(self, stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+        """The allocator's peak since the last boundary (device-wide, reset device-wide) to
+        every phase open now on any thread: a boundary on another thread must not take
+        this thread's peak with it."""
+        stacks = self._peak_stacks
+        if stack not in stacks:
+            stacks.add(stack)  # (weakly: a thread's stack goes with its thread)
+        for s in stacks:
+            if s:
+                _fold_peaks(s, peak_allocated, peak_reserved)
 
 
 def _fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:

@@ -448,6 +448,8 @@ class Recorder(DeferredLog):
                 item = raw_scalar(value, self.events)
                 if item is not None:
                     items.append((name, item))
+                    if item.__class__ is tuple and not self._scalar_events:
+                        self._device_scalars()
             if items:  # (with this thread's stack: a recognised step may hold it)
                 self._record((self._tls_stack(), 0, SCALARS, items), self._defer)
         except Exception:

@@ -45,7 +45,7 @@ class PhaseStack(list):  # type: ignore[type-arg]
     """A thread's phase stack; equal only to itself (the worker counts a thread's
     entries in a log by comparing stacks, and two threads' empty stacks are not one)."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)  # (the recorder keeps stacks weakly: phases._fold_all)
     __eq__ = object.__eq__
     __ne__ = object.__ne__
     __hash__ = object.__hash__  # type: ignore[assignment]

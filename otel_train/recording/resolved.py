@@ -132,9 +132,12 @@ class ResolvedStep:
         self.start, self.end = start, end
 
 
-def scalar_value(raw: Any) -> float | None:
+def scalar_value(raw: Any, events: Any = None) -> float | None:
     """A recorded scalar's value: a float, or ``(pinned host tensor, event)`` filled from
-    the device once the event completed (the caller checks that)."""
+    the device once the event completed (the caller checks that); the event goes back to
+    ``events`` (the pool it came from)."""
     if isinstance(raw, tuple):
+        if events is not None:
+            events.release(raw[1])
         return float(raw[0].item())
     return raw if isinstance(raw, float) else None

@@ -15,8 +15,9 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import capture
 from .batch import Shape, StepBlock, group_steps
-from .device import DeviceClock
+from .device import DeviceClock, EventPool, on_device
 from .recorder import Recorder
 from .records import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
 from .resolved import ResolvedStep, scalar_value
@@ -57,7 +58,7 @@ class StepSource:
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self.clock = DeviceClock(recorder.events)
+        self.clock = DeviceClock()
         self.shapes: dict[Any, Shape] = {}
 
     def take(self, derive: bool = True, keep_partial: bool = False) -> Batch:
@@ -71,12 +72,13 @@ class StepSource:
             if before:
                 parts.append([self._resolve(s) for s in before])
             parts.append(block)
-        tail = self._take_resolved(keep_partial)
+        with on_device(rec.device):  # (this thread's queries: no context of its own)
+            tail = self._take_resolved(keep_partial)
+            batch.scalars = self._loose_scalars()
         if tail:
             parts.append(tail)
         if derive:
             batch.parts = [b for part in parts for b in finished(part, self.shapes, batch.remote)]
-        batch.scalars = self._loose_scalars()
         mem = rec.memory
         batch.counters = Counters(
             pending=rec.pending_count,
@@ -97,16 +99,29 @@ class StepSource:
         self.recorder.enabled = False
 
     def _take_resolved(self, keep_partial: bool) -> list[ResolvedStep]:
+        """Finished steps in order, up to the first whose events have not completed.
+
+        A step is taken off the queue before it is looked at: the training thread may
+        drop the oldest step of a full queue at any time (machine._queue), and a step
+        checked at the head and popped after could be one it just recycled."""
         # (``pending`` applies the log first: a partial step kept there must stay)
         rec = self.recorder
         pending = rec.finished if keep_partial else rec.pending
         out: list[ResolvedStep] = []
-        while pending:
-            step = pending[0]
-            if step.ev0 is not None and not _completed(step):
+        while True:
+            try:
+                step = pending.popleft()
+            except IndexError:
                 break
-            pending.popleft()
-            out.append(self._resolve(step))
+            if not rec._cuda and not rec._scalar_events:
+                out.append(self._resolve(step))  # host times only: nothing to query
+                continue
+            with capture.polling() as ok:
+                if ok and _completed(step):
+                    out.append(self._resolve(step))
+                    continue
+            pending.appendleft(step)  # (the oldest still: nothing older was queued since)
+            break
         return out
 
     def _resolve(self, step: OpenStep) -> ResolvedStep:
@@ -115,36 +130,39 @@ class StepSource:
         rs.link, rs.consumed = step.link, step.consumed
         phases = step.phases
         phases.sort(key=_BY_SEQ)
+        events = self.recorder.events
         if step.scalars:
-            rs.scalars = [(n, v) for n, raw in step.scalars if (v := scalar_value(raw)) is not None]
-        if step.ev0 is None:  # host times only (the common CPU case): the phases are rows
-            rs.rows = phases
+            rs.scalars = _values(step.scalars, events)
+        if step.ev0 is None and not any(p[P_EV0] is not None for p in phases):
+            rs.rows = phases  # host times only (the common CPU case): the phases are rows
             rs.error = step.error
             return rs
-        timed: list[tuple[Any, int]] = [(step.ev0, step.t0), (step.ev1, step.t1)]
-        for p in phases:
-            if p[P_EV0] is not None:
-                timed.append((p[P_EV0], p[P_T0]))
-                timed.append((p[P_EV1], p[P_T1]))
-        placed = self.clock.place(timed)
-        rs.dev_start, rs.dev_end = placed[0], placed[1]
-        it = iter(placed[2:])
+        timed: list[tuple[Any, int, Any, int]] = []
+        if step.ev0 is not None:
+            timed.append((step.ev0, step.t0, step.ev1, step.t1))
+        timed += [(p[P_EV0], p[P_T0], p[P_EV1], p[P_T1]) for p in phases if p[P_EV0] is not None]
+        placed = iter(self.clock.place(timed))
+        if step.ev0 is not None:
+            rs.dev_start, rs.dev_end = next(placed)
         rows = rs.rows
         for seq, parent, name, t0, t1, ev0, _ev1, memory, error, _host_s in phases:
             if ev0 is None:
                 rows.append((seq, parent, name, t0, t1, None, None, memory, error,
                              (t1 - t0) / 1e9 if t1 > t0 else 0.0))  # fmt: skip
             else:
-                d0, d1 = next(it), next(it)
+                d0, d1 = next(placed)
                 rows.append((seq, parent, name, t0, t1, d0, d1, memory, error,
                              (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
             if error is not None:
                 rs.error = True
         rs.finish()
-        events = self.recorder.events
-        for ev, _ in timed:
-            if not self.clock.is_anchor(ev):
-                events.release(ev)
+        clock = self.clock
+        for ev0, _, ev1, _ in timed:
+            for ev in (ev0, ev1):
+                if not clock.is_anchor(ev):
+                    events.release(ev)
+        for ev in clock.retired():
+            events.release(ev)
         return rs
 
     def _loose_scalars(self) -> list[tuple[str, float]]:
@@ -154,14 +172,15 @@ class StepSource:
             return []
         keep = []
         values = []
-        while loose:
-            name, raw = loose.popleft()
-            if isinstance(raw, tuple) and not raw[1].query():
-                keep.append((name, raw))
-                continue
-            v = scalar_value(raw)
-            if v is not None:
-                values.append((name, v))
+        with capture.polling() as ok:
+            while loose:
+                name, raw = loose.popleft()
+                if isinstance(raw, tuple) and not (ok and raw[1].query()):
+                    keep.append((name, raw))
+                    continue
+                v = scalar_value(raw, self.recorder.events)
+                if v is not None:
+                    values.append((name, v))
         loose.extend(keep)
         return values
 
@@ -180,6 +199,15 @@ def finished(part: Part, shapes: dict[Any, Shape], remote: list[ResolvedStep]) -
 
 
 def _completed(step: OpenStep) -> bool:
-    if not step.ev1.query():
+    """Whether every event of ``step`` has completed: its own, its phases' (start events
+    too: a start recorded on another stream may not have run yet) and its CUDA scalars'."""
+    if step.ev1 is not None and not (step.ev1.query() and step.ev0.query()):
         return False
-    return all(p[P_EV1] is None or p[P_EV1].query() for p in step.phases)
+    for p in step.phases:
+        if p[P_EV0] is not None and not (p[P_EV1].query() and p[P_EV0].query()):
+            return False
+    return all(raw[1].query() for _, raw in step.scalars or () if raw.__class__ is tuple)
+
+
+def _values(scalars: list[tuple[str, Any]], events: EventPool) -> list[tuple[str, float]]:
+    return [(n, v) for n, raw in scalars if (v := scalar_value(raw, events)) is not None]

@@ -25,7 +25,7 @@ from opentelemetry.trace import (
 )
 
 from .. import contract as c
-from .efficiency import span_attributes
+from .efficiency_lines import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import capture
 from .device import EventPool
 from .scopes import INT64_MAX, MAX_NAME
 
@@ -37,7 +38,8 @@ def clean_count(value: Any) -> int | None:
 
 def raw_scalar(value: Any, events: EventPool) -> Any:
     """A float, or ``(pinned CPU tensor, event)`` being filled from the device (no sync):
-    what resolved.scalar_value() turns into a float once the copy is done."""
+    what resolved.scalar_value() turns into a float once the event has completed (the
+    step waits for it: source.py). None for what cannot be read without a sync."""
     if isinstance(value, bool):
         return float(value)
     if type(value) is float:
@@ -47,9 +49,11 @@ def raw_scalar(value: Any, events: EventPool) -> Any:
             return None
         t = value.detach()
         if t.is_cuda:
+            if capture.active:  # a copy now would be captured into the user's CUDA graph
+                return None
             host = torch.empty((), dtype=torch.float64, pin_memory=True)
             host.copy_(t.reshape(()), non_blocking=True)
-            return (host, events.record())
+            return (host, events.record())  # (the event goes back to the pool once read)
         if t.device.type != "cpu":
             return None  # other devices (mps, xla, ...) would be read synchronously
         value = t.item()

@@ -524,7 +524,8 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
     compared with, and says so plainly when the steps after it were slower."""
     from otel_train.recording.batch import group_steps
     from otel_train.recording.console import fmt_seconds
-    from otel_train.recording.efficiency import EfficiencyTracker, summary_lines
+    from otel_train.recording.efficiency import EfficiencyTracker
+    from otel_train.recording.efficiency_lines import summary_lines
     from otel_train.recording.regions import RegionLog
     from otel_train.recording.resolved import ResolvedStep
     from otel_train.settings import Settings

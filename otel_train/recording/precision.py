@@ -1,0 +1,126 @@
+"""Which precision a float32 matmul or convolution runs in, and the label MFU's peak takes.
+
+MFU divides achieved FLOP/s by the device's peak for the precision the work ran in, so a
+wrong label moves MFU by the ratio of two peaks (fp32 against bf16 on an H100: ~15x). Two
+sources of truth are read here, never inside a dispatch mode and never in a way that can
+raise into a training step:
+
+- float32 matmuls and convolutions: PyTorch's per-backend precision, the new API first
+  (``torch.backends.cuda.matmul.fp32_precision``, ``torch.backends.cudnn.conv
+  .fp32_precision``, inheriting from ``torch.backends.fp32_precision`` where they say
+  ``"none"``), then the legacy getters (``torch.get_float32_matmul_precision()``,
+  ``torch.backends.cudnn.allow_tf32``). Mixing the two APIs makes the legacy getter raise
+  (PyTorch refuses to answer which of them wins); the label is then unknown (``""``).
+- autocast: the dtype a forward runs in under ``torch.autocast``, read by adapters in
+  their forward hook (:func:`autocast_label`), since the parameters stay float32.
+
+Usage::
+
+    label = dtype_label(torch.float32, conv=False)   # "fp32", "tf32", or "" when unknown
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+MIXED = "mixed"  # several precisions, none dominant: no single peak fits (MFU is left out)
+_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _new_api(*path: str) -> str:
+    """The new API's setting at ``path`` (inheriting where a level says "none"), or ""."""
+    node: Any = torch.backends
+    levels = [node]
+    for name in path:
+        node = getattr(node, name, None)
+        if node is None:
+            return ""
+        levels.append(node)
+    for level in reversed(levels):  # the most specific level that says something wins
+        value = getattr(level, "fp32_precision", None)
+        if isinstance(value, str) and value != "none":
+            return value
+    return ""
+
+
+def fp32_label(conv: bool = False) -> str:
+    """``"tf32"`` or ``"fp32"`` for float32 matmuls (``conv``: cuDNN convolutions) on CUDA,
+    or ``""`` when PyTorch will not say. Never raises."""
+    try:
+        setting = _new_api("cudnn", "conv") if conv else _new_api("cuda", "matmul")
+        if setting:
+            return "tf32" if setting == "tf32" else "fp32"
+        if conv:
+            return "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"
+        return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    except Exception:  # the legacy getter refuses when both APIs were used
+        return ""
+
+
+def rocm_tf32_allowed() -> bool:
+    """On ROCm, float32 GEMMs use TF32 units only when hipBLASLt is told to."""
+    return os.environ.get("HIPBLASLT_ALLOW_TF32", "") not in ("", "0")
+
+
+def dtype_label(dtype: torch.dtype, conv: bool = False) -> str:
+    """The peak-table label of an operator input's dtype (``""``: unknown). Never raises."""
+    label = _LABELS.get(dtype)
+    if label is not None:
+        return label
+    if dtype == torch.float32:
+        return fp32_label(conv)
+    name = str(dtype)
+    if "float8" in name:
+        return "fp8"
+    return name.replace("torch.", "")
+
+
+def autocast_label() -> str | None:
+    """The dtype label autocast runs a forward in on CUDA (else the CPU), None when autocast
+    is off. Cheap (two C calls); never raises."""
+    try:
+        for device in ("cuda", "cpu"):
+            if torch.is_autocast_enabled(device):
+                return dtype_label(torch.get_autocast_dtype(device))
+    except Exception:  # torch without the device-type arguments
+        return None
+    return None
+
+
+def dominant(flops_by_label: dict[str, float], share: float = 0.9) -> str:
+    """The label holding at least ``share`` of the FLOPs, else :data:`MIXED` (``""``: none
+    ran, or the dominant one is unknown)."""
+    total = sum(flops_by_label.values())
+    if total <= 0:
+        return ""
+    label, top = max(flops_by_label.items(), key=lambda kv: kv[1])
+    return label if top >= share * total else MIXED
+
+
+def model_label(models: list[Any], hint: str | None) -> str:
+    """The precision a model's matmuls run in when nothing was counted: autocast's dtype
+    when an adapter saw one (``hint``), else the parameters', with float32 resolved per
+    kind of layer (matmul or convolution); ``""`` when unsure (no MFU rather than a wrong
+    one)."""
+    if hint:
+        return hint
+    dtype = None
+    conv = linear = False
+    for model in models:
+        for module in model.modules():
+            conv = conv or isinstance(module, torch.nn.modules.conv._ConvNd)
+            linear = linear or isinstance(module, torch.nn.Linear)
+        if dtype is None:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is None:
+        return "fp32"
+    if dtype != torch.float32:
+        return dtype_label(dtype)
+    # Convolutions run at cuDNN's precision, everything else at the matmul precision.
+    labels = {fp32_label(conv=True)} if conv else set()
+    if linear or not conv:
+        labels.add(fp32_label(conv=False))
+    return labels.pop() if len(labels) == 1 else ""
