@@ -85,6 +85,13 @@ def guarded(inst: Instrumentation, fn: Callable[..., Any]) -> Callable[..., Any]
     return hook
 
 
+def note_precision(rec: Recorder, label: str | None) -> None:
+    """The precision an adapter saw the forward run in (autocast's dtype, or the trainer's
+    mixed-precision setting): MFU's peak when nothing counted the FLOPs (precision.py)."""
+    if label and rec.precision_hint != label:
+        rec.precision_hint = label
+
+
 def patch_attribute(inst: Instrumentation, obj: Any, name: str, value: Any) -> None:
     """Set ``obj.name`` in the instance dict; undo restores the instance dict exactly."""
     had = name in vars(obj)

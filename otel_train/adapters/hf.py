@@ -62,6 +62,7 @@ from .base import (
     close_phases,
     guarded,
     mark_region,
+    note_precision,
     patch_attribute,
 )
 from .batches import batch_counts, user_counter
@@ -294,6 +295,10 @@ def attach(
 ) -> None:
     transformers = require()
     adapter = HFTrainerAdapter(inst, trainer, counter)
+    # (the Trainer enters autocast inside the model's forward: its settings tell instead)
+    args: Any = getattr(trainer, "args", None)
+    if getattr(args, "bf16", False) or getattr(args, "fp16", False):
+        note_precision(inst.session.recorder, "bf16" if args.bf16 else "fp16")
     handler = trainer.callback_handler
     callback = _callback_class(transformers)(adapter)
     handler.add_callback(callback)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
-from .base import Instrumentation, close_phases, guarded, mark_region
+from .base import Instrumentation, close_phases, guarded, mark_region, note_precision
 from .batches import batch_counts, user_counter
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
@@ -236,12 +236,19 @@ def _callback_class(package: str) -> type:
     return cls
 
 
+# Lightning's mixed-precision settings and the dtype their autocast runs matmuls in (the
+# "-true" ones cast the parameters: their dtype tells).
+_MIXED_PRECISION = {"bf16-mixed": "bf16", "16-mixed": "fp16", "bf16": "bf16", "16": "fp16"}
+
+
 def attach(
     inst: Instrumentation,
     trainer: Any,
     counter: Callable[[Any], tuple[int | None, int | None]] | None,
 ) -> None:
     adapter = LightningAdapter(inst, counter)
+    mixed = _MIXED_PRECISION.get(str(getattr(trainer, "precision", "")))
+    note_precision(inst.session.recorder, mixed)
     callback = _callback_class(package_of(trainer))(adapter)
     trainer.callbacks.append(callback)
 

@@ -11,7 +11,9 @@ Phases and where they are observed:
 - ``optimizer``: from the optimizer's step pre-hook to its post-hook.
 
 A step opens at the first data fetch (or forward, without a DataLoader) after the
-previous optimizer step and closes at the optimizer's post-hook, so gradient
+previous optimizer step and closes at the optimizer's post-hook (a model compiled after
+``instrument()`` runs no hook of ours in its forward: without a DataLoader its steps then
+open where the previous one closed, with a ``forward`` phase up to backward), so gradient
 accumulation shows repeated data/forward/backward phases inside one step. Without
 ``optimizer=``, each data fetch ends the step before it and opens the next (one batch,
 one step); with neither ``optimizer=`` nor ``dataloader=``, mark the steps with
@@ -31,9 +33,10 @@ from typing import Any
 
 import torch
 
+from ..recording.precision import autocast_label
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
-from .base import Instrumentation
+from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
 
 _log = logging.getLogger("otel_train")
@@ -46,6 +49,10 @@ _DATA_NEXT_STEP = boundary(None, "data", begin=ADAPTER, end=ADAPTER)  # no optim
 _FORWARD = boundary("forward", "forward", begin=ADAPTER)
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
+# A compiled forward (traced: no hook of ours runs) and no loader to open the next step:
+# the next step, and its forward, open where this one ends (docs/rationale.md, MFU).
+_OPTIMIZER_END_OPENS = boundary("optimizer", "forward", begin=ADAPTER, end=ADAPTER)
+PRECISION_CHECKS = 8  # forwards whose autocast state is read (precision.autocast_label)
 
 
 class _TimedIterator:
@@ -157,6 +164,7 @@ class TorchLoopAdapter:
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
+        self.precision_checks = PRECISION_CHECKS
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -188,6 +196,9 @@ class TorchLoopAdapter:
             self.rec.transition(_FORWARD)
             if not self.has_loader:
                 self.count(args)
+            if self.precision_checks:
+                self.precision_checks -= 1
+                note_precision(self.rec, autocast_label())
         except Exception:
             self._failed()
 
@@ -219,6 +230,9 @@ class TorchLoopAdapter:
         if not self.active:
             return
         try:
+            if self.compiled and not self.has_loader:
+                self.rec.transition(_OPTIMIZER_END_OPENS)
+                return
             self.rec.transition(_OPTIMIZER_END)
         except Exception:
             self._failed()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .precision import rocm_tf32_allowed
+
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
@@ -51,6 +53,9 @@ PEAKS: tuple[PeakRow, ...] = (
             "fp16": 2500.0, "fp8": 5000.0}, _BLACKWELL),
     PeakRow(r"B200", "B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0,
             "fp8": 4500.0}, _BLACKWELL),
+    # GH200's GPU is an H100 with HBM3e: its name also matches "H200", so it comes first.
+    PeakRow(r"GH200", "GH200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
+            "fp8": 1979.0}, "NVIDIA GH200 Grace Hopper Superchip datasheet (sparse halved)"),
     PeakRow(r"H200.*NVL", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5,
             "fp16": 835.5, "fp8": 1670.5}, _H200 + ", NVL column"),
     PeakRow(r"H200", "H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
@@ -59,7 +64,12 @@ PEAKS: tuple[PeakRow, ...] = (
             "fp16": 835.5, "fp8": 1670.5}, "NVIDIA H100 NVL product brief (sparse halved)"),
     PeakRow(r"H100.*PCIe", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0,
             "fp16": 756.0, "fp8": 1513.0}, "NVIDIA H100 datasheet, PCIe column (sparse halved)"),
-    PeakRow(r"GH200|H100|H800", "H100 SXM", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4,
+    # H800: an H100 with less interconnect bandwidth, the same compute per form factor.
+    PeakRow(r"H800.*PCIe", "H800 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0,
+            "fp16": 756.0, "fp8": 1513.0}, "NVIDIA H800 PCIe product brief (sparse halved)"),
+    PeakRow(r"H800", "H800 SXM", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4,
+            "fp16": 989.4, "fp8": 1978.9}, _H100_SXM + "; H800 SXM computes as H100 SXM"),
+    PeakRow(r"H100", "H100 SXM", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4,
             "fp16": 989.4, "fp8": 1978.9}, _H100_SXM),
     PeakRow(r"A100|A800", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0,
             "fp16": 312.0}, "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe alike)"),
@@ -76,8 +86,10 @@ PEAKS: tuple[PeakRow, ...] = (
     PeakRow(r"MI300X", "MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4,
             "fp16": 1307.4, "fp8": 2614.9}, _MI300),
     # Each MI250X package shows up as two devices (one per GCD): half the package peak.
-    PeakRow(r"MI250X|MI250", "MI250X GCD", {"fp32": 47.85, "bf16": 191.5, "fp16": 191.5},
+    PeakRow(r"MI250X", "MI250X GCD", {"fp32": 47.85, "bf16": 191.5, "fp16": 191.5},
             "AMD Instinct MI250X data sheet, halved per GCD (fp32: matrix rate)"),
+    PeakRow(r"MI250", "MI250 GCD", {"fp32": 45.25, "bf16": 181.0, "fp16": 181.0},
+            "AMD Instinct MI250 data sheet, halved per GCD (fp32: matrix rate)"),
 )  # fmt: skip
 
 
@@ -100,6 +112,8 @@ def lookup_peak(
     if row is None:
         return None
     tflops = row.tflops.get(dtype)
+    if dtype == "tf32" and row.label.startswith("MI") and not rocm_tf32_allowed():
+        tflops = None  # ROCm runs float32 GEMMs at the fp32 rate unless hipBLASLt allows TF32
     if tflops is None and dtype == "tf32":
         tflops = row.tflops.get("fp32")  # no TF32 units: float32 matmuls run at the fp32 rate
     if tflops is None:

@@ -74,6 +74,7 @@ class Feeder:
         self.dropped_steps = 0
         self.dropped_entries = 0
         self._facts: Any = None
+        self._hint: str | None = None  # the precision hint the facts were made with
         self.steps_sent = 0
         self._pumps = 0
         self._flush_seq = 0
@@ -201,8 +202,14 @@ class Feeder:
     def _facts_if_new(self) -> Any:
         rec = self.source.recorder
         cuda = rec.memory is not None or rec._cuda
-        if self._facts is not None and (self._facts[2] is not None or not cuda):
+        hint = rec.precision_hint  # (an adapter may see autocast after the first batch)
+        if (
+            self._facts is not None
+            and (self._facts[2] is not None or not cuda)
+            and hint == self._hint
+        ):
             return None  # known (and CUDA, whose device name is a fact, is not in use yet)
+        self._hint = hint
         facts = self.efficiency.facts()
         if facts == self._facts:
             return None

@@ -14,7 +14,8 @@ runtime does, including the behaviour the GPU review found the core tripping on:
 - A capture in the "global" mode (:class:`StandInGraph`) fails on a query from any other
   thread while it is live (:attr:`Runtime.broken_captures`), and an event recorded into a
   capture raises when queried later, as cudaErrorCapturedEvent does.
-- ``torch.cuda.synchronize()`` raises: nothing in otel-train may call it.
+- ``torch.cuda.synchronize()`` raises: nothing in otel-train may call it; an event cannot
+  be pickled.
 
 Device time is the host's ``perf_counter_ns`` plus :attr:`Runtime.lag_ns`, taken when an
 event is recorded. Use through the ``standin_cuda`` fixture (tests/unit/conftest.py).
@@ -118,6 +119,9 @@ class Event:
         self.captured = False
         self.records = 0
         _rt().events.append(self)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle 'Event' object")  # (as torch.cuda.Event)
 
     def record(self, stream: Any = None) -> None:
         rt = _rt()

@@ -116,11 +116,22 @@ def test_compiling_an_instrumented_model(with_loader: bool) -> None:
     assert seen == expected
     assert counters["graph_break"] == {}  # our hooks are traced without a break
     assert compiled._otel_test_backend.op_count == expected_ops
-    # Steps are still recorded; the forward pass runs inside the compiled region, so it
-    # has no phase of its own (documented in docs/rationale.md).
+    # Steps are still recorded; the forward pass runs inside the compiled region, so no
+    # hook times it: with a loader the fetch opens each step and the forward has no phase;
+    # without one each step opens where the last one ended, with a forward phase up to
+    # backward, so that step time (and MFU) includes the forward (docs/rationale.md).
     assert step_count(tel) == STEPS
-    wanted = {"backward", "optimizer"} | ({"data"} if with_loader else set())
+    wanted = {"backward", "optimizer"} | ({"data"} if with_loader else {"forward"})
     assert phase_names(tel) == wanted
+    if not with_loader:
+        steps = sorted(
+            (s for s in tel.spans() if s.name == c.STEP_SPAN.name),
+            key=lambda s: s.attributes[c.STEP_INDEX.key],
+        )
+        for step in steps[1:]:  # (the first opened at its backward: compiling came first)
+            (forward,) = [s for s in tel.spans() if s.name == "forward"
+                          and s.parent.span_id == step.context.span_id]  # fmt: skip
+            assert forward.start_time == step.start_time
 
 
 def test_module_compile_in_place_after_instrument() -> None:

@@ -264,3 +264,40 @@ def test_peaks_of_a_phase_survive_another_threads_boundary(rt: cuda_standin.Runt
     otel_train.shutdown()
     (forward,) = [s for s in tel.spans() if s.name == "forward"]
     assert forward.attributes[c.PHASE_PEAK_ALLOCATED.key] >= 512 * MiB
+
+
+def test_a_cuda_scalar_reaches_the_sidecar_with_device_timing_off(
+    rt: cuda_standin.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 9 (the default path): an adapter's CUDA scalar (the Hugging Face adapter records
+    the loss every micro-step) went to the sidecar raw, pickled with its
+    ``torch.cuda.Event`` (TypeError), which switched recording off; caught up locally it
+    was read before its copy landed."""
+    from test_sidecar import scrape, steps_total
+
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    _pinned_on_cpu(monkeypatch)
+    otel_train.configure(device_timing="off", flops_per_step=1e6, prometheus_port=0,
+                         console="off")  # fmt: skip
+    session = otel_train.session.current()
+    assert session is not None and session.feeder is not None  # the sidecar runs
+    _steps(20)
+    time.sleep(0.5)  # an idle pump finds the recorder idle: the log goes to the sidecar raw
+    _steps(180)
+    assert session.feeder.handover.raw
+    rt.auto_complete = False  # the copies land later
+    for v in (4.35, 2.5):
+        with otel_train.step():
+            session.recorder.record_scalars({"loss": _cuda_scalar(v)})  # (as adapters do)
+    otel_train.flush()
+    assert session.recorder.enabled, "recording switched itself off"
+    address = session.prometheus_address
+    name = c.prometheus_names(c.SCALAR, source="scrape")[0]
+    assert steps_total(address, 200) == 200
+    assert (name, ()) not in scrape(address), "read before the copy landed"
+    rt.complete()
+    otel_train.flush()
+    assert steps_total(address, 202) == 202
+    assert scrape(address).get((name, ())) == pytest.approx(2.5)  # (the one scalar: loss)
+    otel_train.shutdown()
