@@ -1,14 +1,17 @@
 """A CUDA memory snapshot: allocator history over a window of steps, or armed for OOM.
 
 While armed, ``torch.cuda.memory._record_memory_history`` keeps the last
-``max_entries`` allocator events with their Python stacks. On an out-of-memory error
-the allocator's OOM observer dumps the snapshot to ``directory`` at the failed
-allocation (wherever it happens, a phase or not); the path is then added as an event to
-the failing span (otel-train's innermost phase, or the span current around
-``guard()``) and the error continues to your code unchanged. At most ``max_dumps`` OOM
-snapshots are written per process (loops that catch OOMs and retry smaller would
-otherwise write one each time). A window (steps ``first`` to ``last``) dumps once when
-``last`` ends. Open the pickle at https://pytorch.org/memory_viz.
+``max_entries`` allocator events with the Python stacks of allocations (``context="alloc"``:
+no stacks for frees). On an out-of-memory error the allocator's OOM observer notes the
+failed allocation; the snapshot is dumped to ``directory`` when the error reaches a
+phase or ``guard()`` (its path is then added as an event to that span, otel-train's
+innermost phase or the span current around ``guard()``, and the error continues to your
+code unchanged), or at ``close()`` when it reached neither. An OOM that PyTorch catches
+itself (cuDNN trying a smaller workspace) or that your code recovers from is followed by
+the next step boundary with nothing dumped. At most ``max_dumps`` OOM snapshots are
+written per process (loops that catch OOMs and retry smaller would otherwise write one
+each time). A window (steps ``first`` to ``last``) dumps once when ``last`` ends. Open the
+pickle at https://pytorch.org/memory_viz.
 
 Standalone usage (imports only torch and the OTel API)::
 
@@ -39,6 +42,8 @@ _log = logging.getLogger("otel_train")
 _armed: MemorySnapshot | None = None  # the instance the process-wide OOM observer dumps for
 _observer_attached = False
 
+# Set on an OOM error once a phase or guard handled it (ids of dead errors are reused).
+_SEEN = "_otel_train_snapshot_seen"
 # Mirror otel_train.contract.MEMORY_SNAPSHOT_EVENT and its attributes (a test keeps them equal).
 SNAPSHOT_EVENT = "otel_train.memory_snapshot"
 SNAPSHOT_PATH = "otel_train.memory_snapshot.path"
@@ -70,12 +75,12 @@ class MemorySnapshot:
         self.max_dumps = max_dumps
         self.rank = rank
         self._oom_dumps = 0
-        self._pending_oom: str | None = None  # dumped by the observer, not yet linked
+        self._observed = False  # the allocator reported an OOM no phase or guard saw yet
+        self.recoveries = 0  # OOMs followed by a step boundary: caught, nothing dumped
         self.recording = False
         self.failed = False
         self.paths: list[str] = []  # every snapshot written, in order
         self._window_path: str | None = None
-        self._last_oom: int | None = None  # id() of the last OOM dumped (one dump per error)
 
     # -- recording ---------------------------------------------------------------------
 
@@ -89,6 +94,7 @@ class MemorySnapshot:
             torch.cuda.memory._record_memory_history(
                 max_entries=self.max_entries,
                 stacks=self.stacks,
+                context="alloc",  # stacks of allocations only ("all" adds every free's)
             )
             self.recording = True
             _attach_observer(self)
@@ -97,12 +103,18 @@ class MemorySnapshot:
         return self.recording
 
     def close(self) -> None:
-        """Stop recording (no dump)."""
+        """Stop recording; an OOM the allocator reported that reached no phase or guard
+        (and no step boundary followed) is dumped first."""
         global _armed
         if _armed is self:
             _armed = None
         if not self.recording:
             return
+        if self._observed:
+            self._observed = False
+            if self._dump_allowed():
+                self._oom_dumps += 1
+                self.dump("oom")
         self.recording = False
         try:
             torch.cuda.memory._record_memory_history(enabled=None)
@@ -129,6 +141,7 @@ class MemorySnapshot:
 
     def step_started(self, index: int) -> None:
         """Arms at the first step that finds CUDA initialised (OOM) or at the window start."""
+        self._recovered()
         if self.recording or self.failed:
             return
         window = self.steps
@@ -136,6 +149,7 @@ class MemorySnapshot:
             self.start()
 
     def step_ended(self, index: int) -> None:
+        self._recovered()
         window = self.steps
         if window is None or index != window[1] or self._window_path is not None:
             return
@@ -153,11 +167,15 @@ class MemorySnapshot:
     # -- out of memory ---------------------------------------------------------------------
 
     def observed_oom(self) -> None:
-        """The allocator's OOM observer calls this at the failed allocation."""
-        self._pending_oom = None  # an earlier OOM no handler saw must not be linked here
-        if self.recording and self._dump_allowed():
-            self._oom_dumps += 1
-            self._pending_oom = self.dump("oom")
+        """The allocator's OOM observer calls this at the failed allocation: no dump here
+        (the error may never reach your code: PyTorch catches some itself)."""
+        self._observed = True
+
+    def _recovered(self) -> None:
+        """A step boundary after an observed OOM no phase saw: someone caught it."""
+        if self._observed:
+            self._observed = False
+            self.recoveries += 1
 
     def _dump_allowed(self) -> bool:
         if self._oom_dumps < self.max_dumps:
@@ -171,12 +189,14 @@ class MemorySnapshot:
         """The snapshot path for a CUDA OOM, once per error (its innermost handler)."""
         if not isinstance(exc, torch.cuda.OutOfMemoryError):
             return None
-        if self._last_oom == id(exc):
+        if getattr(exc, _SEEN, False):
             return None  # an enclosing phase sees the same error: it is linked already
-        self._last_oom = id(exc)
-        path, self._pending_oom = self._pending_oom, None
-        if path is None and self.recording and self._dump_allowed():
-            self._oom_dumps += 1  # no observer in this torch build: dump now
+        with suppress(Exception):  # (an exception object that takes no attributes)
+            setattr(exc, _SEEN, True)
+        self._observed = False
+        path = None
+        if self.recording and self._dump_allowed():
+            self._oom_dumps += 1
             path = self.dump("oom")
         return path
 

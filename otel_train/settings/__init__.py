@@ -297,9 +297,10 @@ class Settings:
         default="auto",
         metadata={
             "parse": v.choice("auto", "fp32", "tf32", "bf16", "fp16", "fp8"),
-            "doc": "Dtype whose peak MFU uses; auto: the dtype the counted step's matmuls ran "
-            "in (float32 is tf32 unless the matmul precision is 'highest'); without a count, "
-            "the model's parameter dtype (set it when autocasting).",
+            "doc": "Dtype whose peak MFU uses; auto: the precision holding most of the "
+            "counted step's FLOPs (float32 per PyTorch's fp32_precision settings: cuDNN's "
+            "for convolutions); without a count, autocast's as the adapter saw it, else "
+            "the parameters'; no MFU when unknown or mixed.",
         },
     )
 

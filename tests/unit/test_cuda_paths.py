@@ -90,6 +90,26 @@ def test_readers_query_on_the_recorders_device_and_make_no_context_elsewhere(
     assert len(step_spans(tel.spans())) == 6
 
 
+def test_the_sidecar_feeders_idle_pump_makes_no_context_on_device_0(
+    rt: cuda_standin.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3, the default path: the feeder's own thread pumps while training is idle."""
+    from test_sidecar import steps_total
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    torch.cuda.set_device(1)
+    otel_train.configure(prometheus_port=0, console="off", flops_per_step=1e6)
+    session = otel_train.session.current()
+    assert session is not None and session.feeder is not None
+    _steps(5)
+    time.sleep(0.6)  # the feeder's thread pumps (IDLE_PUMP_S), querying the events
+    assert steps_total(session.prometheus_address, 5) == 5
+    assert rt.touched.get("otel-train-feeder"), "the feeder's thread queried nothing"
+    assert rt.touched["otel-train-feeder"] == {1}
+    assert rt.contexts == {1}
+    otel_train.shutdown()
+
+
 def test_events_go_to_the_bound_device_and_another_devices_thread_is_host_timed(
     rt: cuda_standin.Runtime,
 ) -> None:
