@@ -23,8 +23,11 @@ def history(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """torch.cuda.memory's history calls, recorded; dumps write an empty file."""
     calls: list[dict[str, Any]] = []
     with cuda_standin.installed(monkeypatch):
-        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
-                            lambda enabled="all", **kw: calls.append({"enabled": enabled, **kw}))  # fmt: skip
+
+        def record(enabled: Any = "all", **kw: Any) -> None:
+            calls.append({"enabled": enabled, **kw})
+
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
         monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).touch())
         monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", lambda fn: None,
                             raising=False)  # fmt: skip
