@@ -26,6 +26,7 @@ uninstruments the trainers it instrumented.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import sys
@@ -63,6 +64,10 @@ class OtelTrainInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._undo: list[Callable[[], None]] = []
         self._trainers: list[Any] = []  # the Instrumentations it made
         OtelTrainInstrumentor._generation += 1
+        # Registered after opentelemetry-instrument built the SDK, so it runs before the
+        # providers' own exit handlers: the last steps reach them before they shut down.
+        atexit.register(_shutdown)
+        self._undo.append(lambda: atexit.unregister(_shutdown))
         _when_imported("torch", self._torch_imported)
         for module, method in TRAINERS.items():
             _when_imported(module, functools.partial(self._trainer_imported, method=method))
@@ -127,6 +132,12 @@ class OtelTrainInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if existing is not None and existing.target is trainer:
             return  # the script instrumented it: that one instrumentation
         self._trainers.append(otel_train.instrument(trainer))
+
+
+def _shutdown() -> None:
+    from . import session
+
+    session.shutdown()
 
 
 def _when_imported(name: str, install: Callable[[Any], None]) -> None:

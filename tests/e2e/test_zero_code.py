@@ -6,6 +6,8 @@ loopback (tests/faults/collector_helpers.py), which prints everything it receive
 - the steps, phases and metrics of each copy arrive, with the counts its loop makes;
 - with OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=otel_train nothing of ours arrives (the
   user's own span still does);
+- the resource detector (OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=otel_train) puts the
+  rank on the resource;
 - an unmodified example (its own configure()/instrument()) under
   `opentelemetry-instrument` is instrumented once, not twice.
 """
@@ -112,9 +114,10 @@ def run_instrumented(script: Path, collector: Any, **env_extra: str) -> str:
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_LOGS_EXPORTER="none",
         OTEL_METRIC_EXPORT_INTERVAL="500",
+        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="otel_train",  # the rank on the resource
         HF_HUB_OFFLINE="1",
-        **env_extra,
     )
+    env.update(env_extra)
     done = subprocess.run([str(CLI), sys.executable, str(script)], env=env, cwd=script.parent,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     output = done.stdout + done.stderr
@@ -158,12 +161,18 @@ def test_an_unmodified_script_sends_its_steps_phases_and_metrics(
         pytest.importorskip(NEEDS[script])
     text = run_instrumented(stripped(script, tmp_path), collector)
     assert_counts(text, steps, phases)
+    assert re.search(r"^\s+-> otel_train\.rank: Int\(0\)$", text, re.M)  # (the detector)
 
 
 def test_disabled_the_instrumentation_sends_nothing_of_ours(collector: Any, tmp_path: Path) -> None:
     user_span = 'from opentelemetry import trace\ntrace.get_tracer("user").start_span("mine").end()'
     script = stripped(PLAIN[0], tmp_path, tail=user_span)
-    text = run_instrumented(script, collector, OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otel_train")
+    text = run_instrumented(
+        script,
+        collector,
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otel_train",
+        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="",
+    )
     assert [s["Name"] for s in spans(text)] == ["mine"]  # the SDK ran; ours did not
     assert "otel_train" not in text
 
