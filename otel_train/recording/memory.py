@@ -26,12 +26,14 @@ MemorySample = tuple[int, int, int, int]  # peak allocated, peak reserved, retri
 
 
 class CudaMemoryTracker:
-    __slots__ = ("_raw", "_reset", "reset_peaks", "total_bytes")
+    __slots__ = ("_raw", "_reset", "device_id", "reset_peaks", "total_bytes")
 
     def __init__(self, reset_peaks: bool, device: int | None = None) -> None:
         self.reset_peaks = reset_peaks
         index = torch.cuda.current_device() if device is None else device
-        self.total_bytes = int(torch.cuda.get_device_properties(index).total_memory)
+        props = torch.cuda.get_device_properties(index)
+        self.total_bytes = int(props.total_memory)
+        self.device_id = device_id(props, index)
         # The nested stats dict avoids memory_stats()'s Python flattening on the hot path.
         self._raw: Any = getattr(torch._C, "_cuda_memoryStats", None)
         self._reset: Any = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
@@ -64,3 +66,12 @@ class CudaMemoryTracker:
     def current(self) -> tuple[int, int]:
         """Bytes allocated and reserved right now (for the OOM event)."""
         return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+
+
+def device_id(props: Any, index: int) -> str:
+    """The device's ``hw.id``: its UUID as NVML and DCGM write it (``GPU-<uuid>``), else
+    ``cuda:<index>``."""
+    uuid = str(getattr(props, "uuid", "") or "")
+    if not uuid:
+        return f"cuda:{index}"
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
