@@ -68,6 +68,7 @@ receivers:
       http:
         endpoint: 127.0.0.1:{otlp}
 {tls}
+{processors}
 exporters:
   debug:
     verbosity: detailed
@@ -76,9 +77,11 @@ service:
   pipelines:
     traces:
       receivers: [otlp]
+      processors: [{names}]
       exporters: [debug]
     metrics:
       receivers: [otlp]
+      processors: [{names}]
       exporters: [debug]
   telemetry:
     metrics:
@@ -95,6 +98,7 @@ class Collector:
     otlp_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
     tls: tuple[Path, Path] | None = None  # (cert, key) for the HTTP receiver
+    processors: dict[str, Any] = field(default_factory=dict)  # name -> config, in order
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -112,7 +116,12 @@ class Collector:
                 f"          key_file: {self.tls[1]}\n"
             )
         config = self.workdir / "otelcol.yaml"
-        config.write_text(CONFIG.format(health=self.health_port, otlp=self.otlp_port, tls=tls))
+        processors = (
+            "processors: " + json.dumps(self.processors) if self.processors else ""
+        )  # (JSON is YAML)
+        config.write_text(CONFIG.format(health=self.health_port, otlp=self.otlp_port, tls=tls,
+                                        processors=processors,
+                                        names=", ".join(self.processors)))  # fmt: skip
         log = self.workdir / f"otelcol-{len(self.logs)}.log"
         self.logs.append(log)
         with log.open("wb") as out:
