@@ -22,7 +22,7 @@ from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
 pytest.importorskip("opentelemetry.instrumentation")
-from otel_train.instrumentor import ENTRY_POINT, OtelTrainInstrumentor  # noqa: E402
+from otel_train.instrumentor import ENTRY_POINT, OtelTrainInstrumentor
 
 
 def torch_state() -> dict[str, Any]:
