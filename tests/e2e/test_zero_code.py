@@ -33,7 +33,7 @@ EXAMPLES = TESTS.parent / "examples"
 CLI = Path(sys.executable).parent / "opentelemetry-instrument"
 if str(TESTS / "faults") not in sys.path:
     sys.path.insert(0, str(TESTS / "faults"))
-from collector_helpers import Collector, job_env, metric_points, otelcol_or_skip, spans  # noqa: E402
+from collector_helpers import job_env, metric_points, spans, started_collector  # noqa: E402
 
 # What each example's loop makes (its settings, not its output):
 # plain_loop: 512 samples in batches of 32, 2 epochs -> 32 optimizer steps.
@@ -97,12 +97,8 @@ def stripped(script: str, tmp_path: Path, tail: str = "") -> Path:
 def collector(tmp_path: Path) -> Iterator[Any]:
     if not CLI.exists():
         pytest.skip("opentelemetry-instrument not installed (pip install 'otel-train[auto]')")
-    col = Collector(otelcol_or_skip(), tmp_path)
-    col.start()
-    try:
+    with started_collector(tmp_path) as col:
         yield col
-    finally:
-        col.stop()
 
 
 def run_instrumented(script: Path, collector: Any, **env_extra: str) -> str:

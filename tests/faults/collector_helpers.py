@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,17 @@ class Collector:
 
     def output(self, since: int = 0) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs[since:])
+
+
+@contextmanager
+def started_collector(workdir: Path) -> Iterator[Collector]:
+    """A real Collector (the built otelcol, else skip) running until the block ends."""
+    col = Collector(otelcol_or_skip(), workdir)
+    col.start()
+    try:
+        yield col
+    finally:
+        col.stop()
 
 
 # -- reading the debug exporter's detailed output ---------------------------------------
