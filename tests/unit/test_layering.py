@@ -312,8 +312,20 @@ CONTRACT_PARTS: dict[str, frozenset[str]] = {
     "spans": frozenset({"specs", "attributes", "events"}),
     "prometheus": frozenset({"specs"}),
     "derived": frozenset({"specs", "metrics", "prometheus"}),
+    "conventions": frozenset({"metrics"}),
+    "schema": frozenset({"specs", "metrics"}),
     "markdown": frozenset(
-        {"specs", "attributes", "events", "metrics", "prometheus", "spans", "derived"}
+        {
+            "specs",
+            "attributes",
+            "events",
+            "metrics",
+            "prometheus",
+            "spans",
+            "derived",
+            "conventions",
+            "schema",
+        }
     ),
 }
 
