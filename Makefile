@@ -10,8 +10,9 @@ lint:
 	.venv/bin/ruff check otel_train tests benchmarks examples grafana
 	.venv/bin/ruff format --check otel_train tests benchmarks examples grafana
 
-docs:            ## regenerate docs/telemetry.md from the telemetry contract
+docs:            ## regenerate docs/telemetry.md and the schema file schemas/<version> from the telemetry contract
 	.venv/bin/otel-train telemetry > docs/telemetry.md
+	.venv/bin/python -c "from otel_train import contract as c; open('schemas/' + c.SCHEMA_VERSION, 'w').write(c.render_schema())"
 
 dashboards:      ## regenerate grafana/ (dashboards and provisioning) from grafana/build.py
 	.venv/bin/python grafana/build.py

@@ -147,7 +147,7 @@ def gpu_shape(metrics: Any) -> None:
 
     peaks = [({c.A_PHASE: p, c.A_KIND: k}, 4e10) for p in phases for k in ("allocated", "reserved")]
     gauge(c.PHASE_MEMORY_PEAK, peaks)
-    gauge(c.DEVICE_MEMORY_LIMIT, [({}, 8e10)])
+    gauge(c.DEVICE_MEMORY_LIMIT, [({c.A_HW_ID: "GPU-0"}, 8e10)])
 
 
 def kv(key: str, value: Any) -> KeyValue:

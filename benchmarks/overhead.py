@@ -7,7 +7,9 @@ Prints two tables:
    (``start_as_current_span`` through a BatchSpanProcessor with a dropping exporter).
 2. Whole training steps of a small MLP (DataLoader, forward, backward, SGD): plain,
    instrumented by otel-train at default settings (sampled traces, bridged histograms,
-   console off), and instrumented with one SDK span per phase plus one per step. The
+   console off), the same found by the zero-code path's process-wide hooks
+   (``opentelemetry-instrument``; with the ``auto`` extra installed), and instrumented
+   with one SDK span per phase plus one per step. The
    timed region ends after otel-train's worker has processed every step, so its
    background CPU work is counted. Variants run interleaved in rounds; figures are
    medians over rounds, and deltas are medians of per-round differences.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -122,6 +125,8 @@ def micro(n: int, repeats: int) -> dict[str, float]:
 
 
 # -- 2. whole training steps -----------------------------------------------------------------
+
+AUTO = "otel-train (zero-code hooks)"
 
 
 def make_job(hidden: int, batch: int, n_batches: int) -> tuple[Any, Any, Any]:
@@ -235,6 +240,25 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
         assert sess.worker.steps_processed - before == steps
         return out
 
+    def run_auto() -> tuple[int, int]:
+        # The zero-code path: torch's process-wide hooks (what opentelemetry-instrument
+        # installs through the otel_train entry point), on the same session.
+        from otel_train.instrumentor import OtelTrainInstrumentor
+
+        inst = OtelTrainInstrumentor()
+        inst.instrument()
+        before = sess.worker.steps_processed
+        ends: list[int] = []
+        w, c = time.perf_counter_ns(), time.process_time_ns()
+        plain_steps(model, opt, loader, steps, ends)
+        while sess.recorder.has_work():
+            sess.worker.process()
+        out = time.perf_counter_ns() - w, time.process_time_ns() - c
+        inst.uninstrument()
+        durations(AUTO, w, ends)
+        assert sess.worker.steps_processed - before == steps
+        return out
+
     def run_spans() -> tuple[int, int]:
         ends: list[int] = []
         w, c = time.perf_counter_ns(), time.process_time_ns()
@@ -248,6 +272,8 @@ def steps_bench(steps: int, rounds: int, hidden: int, batch: int) -> dict[str, A
         "otel-train (default)": run_ours,
         "OTel SDK span per phase": run_spans,
     }
+    if importlib.util.find_spec("opentelemetry.instrumentation") is not None:
+        variants[AUTO] = run_auto  # pip install 'otel-train[auto]'
     plain_steps(model, opt, loader, 50)  # warm up
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}

@@ -19,6 +19,7 @@ contract, settings); tests/unit/test_layering.py holds the same table and finds 
 
     otel_train (this API) ─► session, adapters, recording
     cli ─► otel_train, runs      testing ─► session, export
+    instrumentor ─► otel_train, session, adapters   (opentelemetry-instrument's entry point)
     runs ─► export               (reads run records: replay, report, timeline)
     session ─► sidecar, wiring, export, recording, debug, signals
     sidecar ─► wiring, export, recording (started by session alone)

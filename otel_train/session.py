@@ -304,6 +304,12 @@ def get_or_create(
         return _current
 
 
+def stopped() -> bool:
+    """Whether ``shutdown()`` ended the last session: bare calls start none until
+    configure() or instrument() does."""
+    return _stopped
+
+
 def implicit() -> Session | None:
     """The live session for a bare step()/phase()/record()/region() call: a new one at
     defaults when none was started yet; None after shutdown() (logged once)."""

@@ -54,7 +54,7 @@ def build_consumer(
     if t.meter_provider is not None:
         if t.bridge is not None:
             t.bridge.attach(aggregator)
-        meter = t.meter_provider.get_meter(c.SCOPE_NAME, version)
+        meter = t.meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
         publisher = Publisher(meter, aggregator, histograms_via_api=t.bridge is None)
         # Instruments cannot be removed from a provider: a finished session's keep
         # reporting their final values until a new session on that provider starts.
@@ -64,7 +64,7 @@ def build_consumer(
         _PUBLISHERS[t.meter_provider] = publisher
     emitter = None
     if t.tracer_provider is not None and settings.trace_steps != "none":
-        tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version)
+        tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
         emitter = SpanEmitter(
             tracer,
             rank,

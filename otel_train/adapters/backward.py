@@ -34,15 +34,16 @@ _BACKWARD_END = boundary("backward", None)
 def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     original = _ORIGINAL_BACKWARD
     assert original is not None
-    rec = None
+    rec = owner = None
     try:
         # Adapters of the live session share its recorder (those of a session shut down
         # hold a disabled one); outside a step the boundary is a no-op, unless a compiled
         # forward opened no step (see torch_loop._TimedForward): then backward opens it.
+        # An adapter switched off (or standing aside: process_wide.py) takes no part.
         b = _BACKWARD
         for adapter in _ACTIVE:
-            if adapter.rec.enabled:
-                rec = adapter.rec
+            if adapter.rec.enabled and getattr(adapter, "active", True):
+                rec, owner = adapter.rec, adapter
                 if getattr(adapter, "compiled", False):
                     b = _BACKWARD_OPENS
                     rec.compiled_seen = True  # (FLOP counting steps aside)
@@ -60,6 +61,9 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         raise
     try:
         rec.transition(_BACKWARD_END)
+        after = getattr(owner, "after_backward", None)
+        if after is not None:
+            after()  # (the process-wide adapter arms its forward hook again)
     except Exception:
         _log.exception("otel-train: timing backward failed")
     return result

@@ -71,48 +71,55 @@ class _TimedIterator:
         adapter = self._adapter
         if not adapter.active:
             return next(self._it)
-        rec = adapter.rec
-        try:  # telemetry never raises into training
-            rec.transition(adapter.data_boundary)
-        except Exception:
-            _log.exception("otel-train: timing a data fetch failed")
-            return next(self._it)
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            _exit_data(rec, None, discard=True)
-            raise
-        except BaseException as err:
-            _exit_data(rec, err, discard=False)
-            raise
-        try:
-            t = perf_counter_ns()
-            samples = tokens = padded = None
-            if (
-                adapter.counter is batch_counts
-                and type(batch) in _SEQUENCES
-                and batch
-                and type(batch[0]) is _TENSOR
-            ):
-                head = batch[0]  # the common (x, y, ...) batch, counted inline
-                if head.is_floating_point():
-                    if head.dim():
-                        samples = head.shape[0]
-                else:  # token ids, maybe (batches.py)
-                    samples, tokens = tensor_counts(head)
-                    padded = tokens
-            else:
-                samples, tokens, padded = adapter.counts_of(batch)
-            rec.data_fetched(t, samples, tokens, padded)
-        except Exception:
-            _log.exception("otel-train: timing a data fetch failed")
-        return batch
+        return timed_next(adapter, next, self._it)
 
     def __len__(self) -> int:
         return len(self._it)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
+
+
+def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: Any) -> Any:
+    """``fetch(source)`` (the next batch) timed as a ``data`` phase of ``adapter``'s
+    recorder, its batch counted: the one data timing of the plain-loop adapter, for
+    a wrapped DataLoader's iterator here and every iterator in process_wide.py."""
+    rec = adapter.rec
+    try:  # telemetry never raises into training
+        rec.transition(adapter.data_boundary)
+    except Exception:
+        _log.exception("otel-train: timing a data fetch failed")
+        return fetch(source)
+    try:
+        batch = fetch(source)
+    except StopIteration:
+        _exit_data(rec, None, discard=True)
+        raise
+    except BaseException as err:
+        _exit_data(rec, err, discard=False)
+        raise
+    try:
+        t = perf_counter_ns()
+        samples = tokens = padded = None
+        if (
+            adapter.counter is batch_counts
+            and type(batch) in _SEQUENCES
+            and batch
+            and type(batch[0]) is _TENSOR
+        ):
+            head = batch[0]  # the common (x, y, ...) batch, counted inline
+            if head.is_floating_point():
+                if head.dim():
+                    samples = head.shape[0]
+            else:  # token ids, maybe (batches.py)
+                samples, tokens = tensor_counts(head)
+                padded = tokens
+        else:
+            samples, tokens, padded = adapter.counts_of(batch)
+        rec.data_fetched(t, samples, tokens, padded)
+    except Exception:
+        _log.exception("otel-train: timing a data fetch failed")
+    return batch
 
 
 def _exit_data(rec: Recorder, err: BaseException | None, discard: bool) -> None:

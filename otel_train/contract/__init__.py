@@ -10,6 +10,8 @@ checks translate these names to Prometheus names with :func:`prometheus_names`.
 Its parts, each importing only those below it (and nothing else of otel-train)::
 
     markdown    ─► all below      render_markdown(): the text of docs/telemetry.md
+    conventions ─► metrics        CONVENTIONS (semantic conventions), PEER_NAMES
+    schema      ─► metrics, specs SCHEMA_URL, DEPRECATED_METRICS, render_schema()
     derived     ─► metrics, prometheus, specs   DERIVED: figures computed in PromQL
     prometheus  ─► specs          prometheus_names(): OTel name + unit -> Prometheus series
     spans       ─► attributes, events, specs   STEP_SPAN, PHASE_SPAN, ADAPTER_PHASES
@@ -64,6 +66,13 @@ from .attributes import (
     STEP_THROUGHPUT_TOKENS,
     STEP_TOKENS,
 )
+from .conventions import (
+    CONVENTIONS,
+    PEER_NAMES,
+    SEMCONV_NAMESPACES,
+    SEMCONV_VERSION,
+    Convention,
+)
 from .derived import (
     DERIVED,
     DERIVED_DATA_STALL,
@@ -91,6 +100,7 @@ from .metrics import (
     A_CATEGORY,
     A_CLOCK,
     A_DTYPE,
+    A_HW_ID,
     A_KIND,
     A_NAME,
     A_PHASE,
@@ -125,6 +135,16 @@ from .prometheus import (
     prometheus_base_name,
     prometheus_names,
 )
+from .schema import (
+    DEPRECATED_METRICS,
+    REMOVED_IN,
+    SCHEMA_FAMILY,
+    SCHEMA_FILE_FORMAT,
+    SCHEMA_URL,
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    render_schema,
+)
 from .spans import (
     ADAPTER_PHASES,
     PHASE_SPAN,
@@ -144,10 +164,13 @@ __all__ = [
     "A_CATEGORY",
     "A_CLOCK",
     "A_DTYPE",
+    "A_HW_ID",
     "A_KIND",
     "A_NAME",
     "A_PHASE",
     "A_REASON",
+    "CONVENTIONS",
+    "DEPRECATED_METRICS",
     "DERIVED",
     "DERIVED_DATA_STALL",
     "DERIVED_DEVICE_PEAK_FLOPS",
@@ -173,6 +196,7 @@ __all__ = [
     "OOM_EVENT",
     "OOM_EVENT_ATTRIBUTES",
     "OVERHEAD",
+    "PEER_NAMES",
     "PENDING_STEPS",
     "PHASE_ALLOC_RETRIES",
     "PHASE_CLOCK",
@@ -193,6 +217,7 @@ __all__ = [
     "PROFILE_EVENT",
     "PROFILE_EVENT_ATTRIBUTES",
     "RANK",
+    "REMOVED_IN",
     "RESOURCE_ATTRIBUTES",
     "RESOURCE_JOB",
     "RESOURCE_LOCAL_RANK",
@@ -203,7 +228,14 @@ __all__ = [
     "RUN_TIME",
     "SAMPLES",
     "SCALAR",
+    "SCHEMA_FAMILY",
+    "SCHEMA_FILE_FORMAT",
+    "SCHEMA_URL",
+    "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
     "SCOPE_NAME",
+    "SEMCONV_NAMESPACES",
+    "SEMCONV_VERSION",
     "SPANS",
     "SPANS_EMITTED",
     "STALENESS_BUCKETS",
@@ -227,10 +259,12 @@ __all__ = [
     "THROUGHPUT_FLOPS",
     "TOKENS",
     "AttributeSpec",
+    "Convention",
     "DerivedSpec",
     "MetricSpec",
     "SpanSpec",
     "prometheus_base_name",
     "prometheus_names",
     "render_markdown",
+    "render_schema",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attributes import RESOURCE_ATTRIBUTES
+from .conventions import CONVENTIONS, PEER_NAMES, SEMCONV_VERSION
 from .derived import DERIVED
 from .events import EVENTS
 from .metrics import (
@@ -16,6 +17,7 @@ from .metrics import (
     METRICS,
 )
 from .prometheus import prometheus_base_name
+from .schema import DEPRECATED_METRICS, REMOVED_IN, SCHEMA_URL, SCHEMA_VERSION
 from .spans import ADAPTER_PHASES, SPANS
 from .specs import SCOPE_NAME
 
@@ -30,11 +32,13 @@ def render_markdown() -> str:
         "Generated from `otel_train/contract/` by `otel-train telemetry`; "
         "a test keeps this file identical to that output. Do not edit by hand.",
         "",
-        f"Instrumentation scope: `{SCOPE_NAME}`. Units are UCUM.",
+        f"Instrumentation scope: `{SCOPE_NAME}`, schema URL `{SCHEMA_URL}` (on every tracer "
+        "and meter; [Schema](#schema)). Units are UCUM.",
         "",
     ]
     out += _spans_section()
     out += _metrics_section()
+    out += _names_section()
     out.append("")
     return "\n".join(out)
 
@@ -126,4 +130,68 @@ def _derived_section() -> list[str]:
         query = d.query('job="$job"', "otel_train_rank", "5m").replace("|", "\\|")
         over = {"window": "5 min", "run": "the run", "latest": "latest value"}[d.over]
         out.append(f"| {d.name} | `{d.unit}` | {over} | {d.description} | `{query}` |")
+    return out
+
+
+def _names_section() -> list[str]:
+    out = [
+        "",
+        "## Standard names",
+        "",
+        f"Compared with the OpenTelemetry semantic conventions {SEMCONV_VERSION} (`service.*`, "
+        "`host.*`, `process.*`, `system.*`, `k8s.*`, `hw.*`): where one defines a figure "
+        "otel-train emits, otel-train emits it under that name, unit and instrument (a "
+        "contract test fails otherwise). Training has no convention yet: step, phase, "
+        "throughput and MFU names are otel-train's own, mapped below.",
+        "",
+        "| name | where | instrument or type | unit | otel-train's name before |",
+        "|---|---|---|---|---|",
+    ]
+    for conv in CONVENTIONS:
+        before = ", ".join(f"`{r}`" for r in conv.replaces) or "-"
+        out.append(f"| `{conv.name}` | {conv.signal} | {conv.kind} | `{conv.unit or '-'}` "
+                   f"| {before} |")  # fmt: skip
+    out += _deprecated_rows()
+    out += [
+        "",
+        "### The same figures elsewhere",
+        "",
+        "What Megatron-LM (`megatron.training.*`, spans `megatron.*`), NeMo Lens (`dl.*`, "
+        "`nv.dl.*`: span and resource attributes) and the open `rl.*` proposal "
+        "(semantic-conventions-genai #88; only its settled names are given) call "
+        "otel-train's figures, for joining a mixed fleet's series. Units differ: Megatron "
+        "reports ms, GB and TFLOP/s where otel-train reports s, By and FLOP/s.",
+        "",
+        "| figure | otel-train | Megatron | NeMo Lens | `rl.*` proposal |",
+        "|---|---|---|---|---|",
+    ]
+    out += [f"| {' | '.join(row)} |" for row in PEER_NAMES]
+    out += [
+        "",
+        "## Schema",
+        "",
+        f"Every tracer and meter of otel-train carries the schema URL `{SCHEMA_URL}`: "
+        f"`schemas/{SCHEMA_VERSION}` in the repository is that file (OpenTelemetry schema "
+        "file format 1.1.0), with each version's renames as its transformations. Version "
+        "0.1.0 is the names before the schema (its telemetry has no schema URL).",
+    ]
+    return out
+
+
+def _deprecated_rows() -> list[str]:
+    out = [
+        "",
+        f"### Deprecated names (removed in {REMOVED_IN})",
+        "",
+        f"Since {SCHEMA_VERSION} each renamed metric is also emitted under its old name for "
+        "one release, as a gauge with the same value (without attributes). Read the new "
+        "names; `deploy/README.md` has what a Collector can do for a fleet that mixes "
+        "versions.",
+        "",
+        "| deprecated | use | Prometheus (deprecated) | Prometheus (use) |",
+        "|---|---|---|---|",
+    ]
+    for old, new in DEPRECATED_METRICS:
+        out.append(f"| `{old.name}` | `{new.name}` | `{prometheus_base_name(old)}` | "
+                   f"`{prometheus_base_name(new)}` |")  # fmt: skip
     return out

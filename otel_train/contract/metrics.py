@@ -29,6 +29,7 @@ A_NAME = "name"
 A_REASON = "reason"
 A_DTYPE = "dtype"
 A_CATEGORY = "category"
+A_HW_ID = "hw.id"  # the semantic conventions' hardware id (conventions.py)
 
 METRIC_ATTRIBUTES = {
     A_PHASE: "Phase name (data, forward, backward, optimizer, rollout, ...).",
@@ -47,6 +48,8 @@ METRIC_ATTRIBUTES = {
     A_DTYPE: "Matmul dtype the MFU peak is for: fp32, tf32, bf16, fp16 or fp8.",
     A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
     "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",
+    A_HW_ID: "The GPU (semantic conventions `hw.id`): its UUID as NVML and DCGM name it "
+    "(`GPU-...`, DCGM's `UUID` label), else `cuda:<index>`.",
 }
 
 # --- metrics -----------------------------------------------------------------
@@ -69,10 +72,17 @@ PHASE_MEMORY_PEAK = MetricSpec(
     (A_PHASE, A_KIND),
 )
 DEVICE_MEMORY_LIMIT = MetricSpec(
-    "otel_train.device.memory.limit", "gauge", "By", "Total memory of the training device (CUDA)."
+    "hw.gpu.memory.limit",
+    "updowncounter",
+    "By",
+    "Size of the training device's memory (CUDA; semantic conventions hw.gpu.memory.limit).",
+    (A_HW_ID,),
 )
 PROCESS_MEMORY_RSS = MetricSpec(
-    "otel_train.process.memory.rss", "gauge", "By", "Resident set size of the training process."
+    "process.memory.usage",
+    "updowncounter",
+    "By",
+    "Resident set size of the training process (semantic conventions process.memory.usage).",
 )
 PROCESS_MEMORY_PEAK_RSS = MetricSpec(
     "otel_train.process.memory.peak_rss",
@@ -81,10 +91,11 @@ PROCESS_MEMORY_PEAK_RSS = MetricSpec(
     "Peak resident set size of the training process.",
 )
 HOST_MEMORY_TOTAL = MetricSpec(
-    "otel_train.host.memory.total",
-    "gauge",
+    "system.memory.limit",
+    "updowncounter",
     "By",
-    "Physical memory of the host (the limit process RSS is read against on CPU runs).",
+    "Physical memory of the host, the limit process RSS is read against on CPU runs "
+    "(semantic conventions system.memory.limit).",
 )
 THROUGHPUT_FLOPS = MetricSpec(
     "otel_train.throughput.flops",

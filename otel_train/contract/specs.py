@@ -29,7 +29,7 @@ class SpanSpec:
 @dataclass(frozen=True)
 class MetricSpec:
     name: str
-    instrument: str  # "histogram" | "counter" | "gauge"
+    instrument: str  # "histogram" | "counter" | "gauge" | "updowncounter"
     unit: str
     description: str
     attributes: tuple[str, ...] = ()

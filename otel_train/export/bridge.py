@@ -49,7 +49,7 @@ class HistogramBridge:
         # A provider (and its bridge) can outlive a session: each session attaches its own.
         self.aggregator: MetricsAggregator | None = None
         self.resource = resource
-        self.scope = InstrumentationScope(c.SCOPE_NAME, version)
+        self.scope = InstrumentationScope(c.SCOPE_NAME, version, c.SCHEMA_URL)
         self._last: dict[int, dict[tuple[str, Any], tuple[HistogramState, int]]] = {}
         self._lock = threading.Lock()
 
@@ -110,7 +110,11 @@ class HistogramBridge:
             return data
         if data is None or not data.resource_metrics:
             return MetricsData(
-                [ResourceMetrics(self.resource, [ScopeMetrics(self.scope, extra, "")], "")]
+                [
+                    ResourceMetrics(
+                        self.resource, [ScopeMetrics(self.scope, extra, c.SCHEMA_URL)], ""
+                    )
+                ]
             )
         first, *rest = data.resource_metrics
         scopes = list(first.scope_metrics)
@@ -119,7 +123,7 @@ class HistogramBridge:
                 scopes[i] = ScopeMetrics(sm.scope, list(sm.metrics) + extra, sm.schema_url)
                 break
         else:
-            scopes.append(ScopeMetrics(self.scope, extra, ""))
+            scopes.append(ScopeMetrics(self.scope, extra, c.SCHEMA_URL))
         return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 

@@ -21,7 +21,7 @@ import os
 import socket
 import uuid
 
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import Resource, ResourceDetector
 
 from .. import contract as c
 from ..identity import env_int, env_str, local_rank, node_rank, rank, run_id, world_size
@@ -30,6 +30,7 @@ from ..settings import DEFAULT_SERVICE_NAME, Settings
 # The ranks are read in identity.py; re-exported here under their old names.
 __all__ = [
     "DEFAULT_SERVICE_NAME",
+    "RankResourceDetector",
     "build_resource",
     "env_int",
     "env_str",
@@ -99,6 +100,18 @@ def build_resource(settings: Settings) -> Resource:
     elif not _environment_names_service():
         attrs["service.name"] = settings.default_service_name
     return Resource.create(attrs)  # type: ignore[arg-type]
+
+
+class RankResourceDetector(ResourceDetector):
+    """The rank identity of :func:`build_resource` for an SDK otel-train did not build:
+    the ``otel_train`` entry point of ``opentelemetry_resource_detector``
+    (``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=otel_train`` under ``opentelemetry-instrument``),
+    so that the dashboards and straggler rules see each rank."""
+
+    def detect(self) -> Resource:
+        ranks = rank_attributes()
+        attrs = {"service.instance.id": instance_id(ranks), "host.name": host_name(), **ranks}
+        return Resource(attrs)  # type: ignore[arg-type]
 
 
 def service_name(settings: Settings) -> str:

@@ -64,20 +64,21 @@ class Publisher:
             if spec.instrument == "histogram":
                 if histograms_via_api:
                     self.histograms[spec.name] = _histogram(meter, spec)
-            elif spec.instrument == "counter":
-                meter.create_observable_counter(
-                    spec.name,
-                    [self._reader(spec.name)],
-                    unit=spec.unit,
-                    description=spec.description,
-                )
             else:
-                meter.create_observable_gauge(
-                    spec.name,
-                    [self._callback_for(spec)],
-                    unit=spec.unit,
+                create = {
+                    "counter": meter.create_observable_counter,
+                    "updowncounter": meter.create_observable_up_down_counter,
+                    "gauge": meter.create_observable_gauge,
+                }[spec.instrument]
+                create(
+                    spec.name, [self._callback_for(spec)], unit=spec.unit,
                     description=spec.description,
-                )
+                )  # fmt: skip
+        for old, new in c.DEPRECATED_METRICS:  # (one release: contract/schema.py)
+            meter.create_observable_gauge(
+                old.name, [_without_attributes(self._callback_for(new))], unit=old.unit,
+                description=old.description,
+            )  # fmt: skip
 
     def _callback_for(
         self, spec: c.MetricSpec
@@ -122,6 +123,13 @@ class Publisher:
         hist = self.histograms.get(name)
         if hist is not None:
             hist.record(value, dict(attrs), context=context)
+
+
+def _without_attributes(
+    callback: Callable[[CallbackOptions], Iterable[Observation]],
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A deprecated alias's callback: its replacement's values, attributes dropped."""
+    return lambda options: [Observation(o.value) for o in callback(options)]
 
 
 def _histogram(meter: metrics.Meter, spec: c.MetricSpec) -> Any:

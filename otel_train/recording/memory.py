@@ -29,13 +29,15 @@ class CudaMemoryTracker:
     """Allocator figures of one device: the recorder's (device.py), whatever the calling
     thread's current device is."""
 
-    __slots__ = ("_raw", "_reset", "device", "reset_peaks", "total_bytes")
+    __slots__ = ("_raw", "_reset", "device", "device_id", "reset_peaks", "total_bytes")
 
     def __init__(self, reset_peaks: bool, device: int | None = None) -> None:
         self.reset_peaks = reset_peaks
         index = torch.cuda.current_device() if device is None else device
         self.device = index
-        self.total_bytes = int(torch.cuda.get_device_properties(index).total_memory)
+        props = torch.cuda.get_device_properties(index)
+        self.total_bytes = int(props.total_memory)
+        self.device_id = device_id(props, index)
         # The nested stats dict avoids memory_stats()'s Python flattening on the hot path.
         self._raw: Any = getattr(torch._C, "_cuda_memoryStats", None)
         self._reset: Any = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
@@ -69,3 +71,12 @@ class CudaMemoryTracker:
         """Bytes allocated and reserved right now (for the OOM event)."""
         device = self.device
         return int(torch.cuda.memory_allocated(device)), int(torch.cuda.memory_reserved(device))
+
+
+def device_id(props: Any, index: int) -> str:
+    """The device's ``hw.id``: its UUID as NVML and DCGM write it (``GPU-<uuid>``), else
+    ``cuda:<index>``."""
+    uuid = str(getattr(props, "uuid", "") or "")
+    if not uuid:
+        return f"cuda:{index}"
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"

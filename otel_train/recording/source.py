@@ -38,6 +38,7 @@ class Counters:
     dropped_phases: int = 0
     dropped_scalars: int = 0
     memory_total: int | None = None
+    device_id: str | None = None  # the device's hw.id (memory.py)
     dropped_handover: int = 0  # steps the sidecar's pipe could not take (sidecar/feeder.py)
 
 
@@ -86,6 +87,7 @@ class StepSource:
             dropped_phases=rec.dropped_phases,
             dropped_scalars=rec.dropped_scalars,
             memory_total=mem.total_bytes if mem is not None else None,
+            device_id=mem.device_id if mem is not None else None,
         )
         return batch
 

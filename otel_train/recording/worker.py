@@ -239,7 +239,8 @@ class Worker:
         total = counters.memory_total or 0
         if total and not self._device_total:
             self._device_total = total
-            agg.set(c.DEVICE_MEMORY_LIMIT.name, (), float(total))
+            device = counters.device_id or "cuda"
+            agg.set(c.DEVICE_MEMORY_LIMIT.name, ((c.A_HW_ID, device),), float(total))
             self.console.device_total = total
             if self.emitter is not None:
                 self.emitter.device_total = total

@@ -159,10 +159,13 @@ class Feeder:
                 self.process.send((wire.RAW, raw[0], raw[1]))
         if extras:  # counters, regions, FLOP counts
             rec = self.source.recorder
+            mem = rec.memory
             counters = Counters(
                 dropped_steps=rec.dropped_steps,
                 dropped_phases=rec.dropped_phases,
                 dropped_scalars=rec.dropped_scalars,
+                memory_total=mem.total_bytes if mem is not None else None,
+                device_id=mem.device_id if mem is not None else None,
             )
             self._send_batch(Batch(counters=counters))
 

@@ -53,14 +53,10 @@ def collector(tmp_path: Path) -> Iterator[Any]:
     """A real Collector on loopback that prints every resource it receives."""
     if str(TESTS / "faults") not in sys.path:
         sys.path.insert(0, str(TESTS / "faults"))
-    from collector_helpers import Collector, otelcol_or_skip
+    from collector_helpers import started_collector
 
-    col = Collector(otelcol_or_skip(), tmp_path)
-    col.start()
-    try:
+    with started_collector(tmp_path) as col:
         yield col
-    finally:
-        col.stop()
 
 
 def service_names(collector: Any) -> set[str]:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ receivers:
       http:
         endpoint: 127.0.0.1:{otlp}
 {tls}
+{processors}
 exporters:
   debug:
     verbosity: detailed
@@ -76,9 +79,11 @@ service:
   pipelines:
     traces:
       receivers: [otlp]
+      processors: [{names}]
       exporters: [debug]
     metrics:
       receivers: [otlp]
+      processors: [{names}]
       exporters: [debug]
   telemetry:
     metrics:
@@ -95,6 +100,7 @@ class Collector:
     otlp_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
     tls: tuple[Path, Path] | None = None  # (cert, key) for the HTTP receiver
+    processors: dict[str, Any] = field(default_factory=dict)  # name -> config, in order
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -112,7 +118,12 @@ class Collector:
                 f"          key_file: {self.tls[1]}\n"
             )
         config = self.workdir / "otelcol.yaml"
-        config.write_text(CONFIG.format(health=self.health_port, otlp=self.otlp_port, tls=tls))
+        processors = (
+            "processors: " + json.dumps(self.processors) if self.processors else ""
+        )  # (JSON is YAML)
+        config.write_text(CONFIG.format(health=self.health_port, otlp=self.otlp_port, tls=tls,
+                                        processors=processors,
+                                        names=", ".join(self.processors)))  # fmt: skip
         log = self.workdir / f"otelcol-{len(self.logs)}.log"
         self.logs.append(log)
         with log.open("wb") as out:
@@ -149,6 +160,17 @@ class Collector:
 
     def output(self, since: int = 0) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs[since:])
+
+
+@contextmanager
+def started_collector(workdir: Path) -> Iterator[Collector]:
+    """A real Collector (the built otelcol, else skip) running until the block ends."""
+    col = Collector(otelcol_or_skip(), workdir)
+    col.start()
+    try:
+        yield col
+    finally:
+        col.stop()
 
 
 # -- reading the debug exporter's detailed output ---------------------------------------

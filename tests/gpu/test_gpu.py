@@ -188,6 +188,9 @@ def test_per_phase_memory_peaks(cuda: torch.device) -> None:
     assert peaks[("sibling", "allocated")] < baseline + 1 * MiB
     (limit,) = tel.points(c.DEVICE_MEMORY_LIMIT.name)
     assert limit.value == total
+    # hw.id is the GPU's UUID in NVML's form (DCGM's UUID label), as nvidia-smi -L prints it
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    assert limit.attributes[c.A_HW_ID] == (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
     # Utilization as Prometheus derives it (contract.DERIVED): reserved peak / limit.
     utilization = peaks[("big", "reserved")] / limit.value
     assert utilization == pytest.approx(big[c.PHASE_PEAK_RESERVED.key] / total)

@@ -26,6 +26,7 @@ MODULE_TYPES = {
     "batchprocessor": "batch",
     "resourceprocessor": "resource",
     "transformprocessor": "transform",
+    "schemaprocessor": "schema",
     "otlpexporter": "otlp_grpc",
     "otlphttpexporter": "otlp_http",
     "debugexporter": "debug",
@@ -162,9 +163,29 @@ def test_ocb_manifest_pins_one_release(versions):
 # --------------------------------------------------------------------------- collector config
 
 
+def used_by_the_configs() -> dict[str, set[str]]:
+    """Component types the collector config and its schema overlay use."""
+    main = used_component_types(load("otel-collector.yaml"))
+    overlay = used_component_types(load("otel-collector.schema.yaml"))
+    return {kind: main[kind] | overlay[kind] for kind in KINDS}
+
+
 def test_ocb_manifest_lists_exactly_the_used_components():
-    config = load("otel-collector.yaml")
-    assert manifest_types(load("otelcol-builder.yaml")) == used_component_types(config)
+    assert manifest_types(load("otelcol-builder.yaml")) == used_by_the_configs()
+
+
+def test_the_schema_overlay_targets_the_contracts_schema():
+    """The overlay reads every otel-train version under the names of this one (the
+    schema URL its tracers and meters carry), before the batch processor."""
+    from otel_train import contract as c
+
+    overlay = load("otel-collector.schema.yaml")
+    (target,) = overlay["processors"]["schema/otel_train"]["targets"]
+    assert target == f"${{env:OTELCOL_OTEL_TRAIN_SCHEMA:-{c.SCHEMA_URL}}}"
+    main = load("otel-collector.yaml")["service"]["pipelines"]
+    for name, pipeline in overlay["service"]["pipelines"].items():
+        processors = main[name]["processors"]
+        assert pipeline["processors"] == [*processors[:-1], "schema/otel_train", processors[-1]]
 
 
 def test_every_defined_component_is_wired_into_the_service():
@@ -301,6 +322,13 @@ def test_otelcol_validate(stack_bins):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_otelcol_validate_with_the_schema_overlay(stack_bins):
+    configs = [f"--config={DEPLOY / name}" for name in ("otel-collector.yaml",
+                                                        "otel-collector.schema.yaml")]  # fmt: skip
+    out = _run([stack_bins / "otelcol", "validate", *configs], env=_clean_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_otelcol_validate_with_loopback_addresses(stack_bins, stack_module):
     env = {**_clean_env(), **stack_module.service_plan()["otelcol"]["env"]}
     out = _run(
@@ -315,7 +343,7 @@ def test_otelcol_has_exactly_the_used_components(stack_bins):
     assert out.returncode == 0, out.stderr
     info = yaml.safe_load(out.stdout)
     built = {kind: {c["name"] for c in info.get(kind) or []} for kind in KINDS}
-    used = used_component_types(load("otel-collector.yaml"))
+    used = used_by_the_configs()
     for kind in KINDS:
         # deprecated aliases (otlp -> otlp_grpc, otlphttp -> otlp_http) are not listed separately
         assert built[kind] == used[kind], kind

@@ -489,7 +489,7 @@ def test_the_contracts_derived_figures_compute_in_prometheus(stack):
         (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "forward", "kind": "reserved"}, 3e10),
         (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "forward", "kind": "allocated"}, 2e10),
         (c.PHASE_MEMORY_PEAK.name, "By", {"phase": "backward", "kind": "reserved"}, 6e10),
-        (c.DEVICE_MEMORY_LIMIT.name, "By", {}, 8e10),
+        (c.DEVICE_MEMORY_LIMIT.name, "By", {c.A_HW_ID: "GPU-0"}, 8e10),
         (c.THROUGHPUT_FLOPS.name, "{flop}/s", {}, 2e14),
         (c.MFU.name, "1", {"dtype": "bf16"}, 0.25),
     ]

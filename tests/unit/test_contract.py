@@ -87,7 +87,8 @@ def test_contract_names_are_unique_and_units_are_ucum() -> None:
         "{version}",
     }
     assert {m.unit for m in c.METRICS} <= allowed
-    assert all(m.instrument in ("histogram", "counter", "gauge") for m in c.METRICS)
+    kinds = ("histogram", "counter", "gauge", "updowncounter")
+    assert all(m.instrument in kinds for m in c.METRICS)
     assert list(c.DURATION_BUCKETS) == sorted(set(c.DURATION_BUCKETS))
     assert list(c.STALENESS_BUCKETS) == sorted(set(c.STALENESS_BUCKETS))
 
@@ -97,7 +98,7 @@ def test_contract_names_are_unique_and_units_are_ucum() -> None:
     [
         (c.PHASE_DURATION, ("otel_train_phase_duration_seconds",)),  # a native histogram
         (c.STEPS, ("otel_train_steps_total",)),
-        (c.PROCESS_MEMORY_RSS, ("otel_train_process_memory_rss_bytes",)),
+        (c.PROCESS_MEMORY_RSS, ("process_memory_usage_bytes",)),
         (c.MFU, ("otel_train_mfu_ratio",)),
         (c.THROUGHPUT_FLOPS, ("otel_train_throughput_flops_per_second",)),
         (c.OVERHEAD, ("otel_train_overhead_seconds",)),
@@ -205,6 +206,17 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
     )
     missing = expected - set(collected)
     assert not missing
+    # The deprecated aliases (one release) beside their replacements, with their values.
+    for old, new in c.DEPRECATED_METRICS:
+        if new.name in collected:
+            assert collected[old.name].description == old.description
+            olds = [p.value for p in collected[old.name].data.data_points]
+            news = [p.value for p in collected[new.name].data.data_points]
+            assert olds and len(olds) == len(news)
+            if new is not c.PROCESS_MEMORY_RSS:  # (the RSS moves between two collections)
+                assert sorted(olds) == sorted(news)
+        else:
+            assert old.name not in collected
     assert value(tel, c.DROPPED.name, reason="queue_full") == 3
     assert value(tel, c.STEPS.name) == 2 + 2 + 2
     for spec in c.METRICS:
@@ -213,9 +225,9 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
             continue
         assert metric.unit == spec.unit
         assert metric.description == spec.description
-        kind = {"histogram": Histogram, "counter": Sum, "gauge": Gauge}[spec.instrument]
-        assert isinstance(metric.data, kind), spec.name
-        if spec.instrument == "counter":
-            assert metric.data.is_monotonic
+        kinds = {"histogram": Histogram, "counter": Sum, "updowncounter": Sum, "gauge": Gauge}
+        assert isinstance(metric.data, kinds[spec.instrument]), spec.name
+        if spec.instrument in ("counter", "updowncounter"):
+            assert metric.data.is_monotonic == (spec.instrument == "counter"), spec.name
         for point in metric.data.data_points:
             assert set(point.attributes) <= set(spec.attributes), spec.name

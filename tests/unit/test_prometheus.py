@@ -14,7 +14,7 @@ from otel_train import contract as c
 
 N_STEPS = 6
 SCOPE_LABELS = (
-    f'otel_scope_name="{c.SCOPE_NAME}",otel_scope_schema_url="",'
+    f'otel_scope_name="{c.SCOPE_NAME}",otel_scope_schema_url="{c.SCHEMA_URL}",'
     f'otel_scope_version="{otel_train.__version__}"'
 )
 LE = [
@@ -110,7 +110,7 @@ def test_scrape_finds_phase_memory_throughput_and_counters(served: tuple[str, in
         assert s.labels["clock"] == "host"
 
     (rss_name,) = c.prometheus_names(c.PROCESS_MEMORY_RSS, source="scrape")
-    assert rss_name == "otel_train_process_memory_rss_bytes"
+    assert rss_name == "process_memory_usage_bytes"
     assert found[rss_name][0].value > 1_000_000
     (peak_rss_name,) = c.prometheus_names(c.PROCESS_MEMORY_PEAK_RSS, source="scrape")
     assert found[peak_rss_name][0].value > 1_000_000
@@ -139,8 +139,9 @@ def test_scrape_finds_phase_memory_throughput_and_counters(served: tuple[str, in
             assert c.prometheus_base_name(spec, source="scrape") not in text
 
     # Every otel_train series scraped is a name the contract predicts.
-    predicted = {n for m in c.METRICS for n in c.prometheus_names(m, source="scrape")}
-    scraped = {n for n in found if n.startswith("otel_train_")}
+    specs = [*c.METRICS, *(old for old, _ in c.DEPRECATED_METRICS)]
+    predicted = {n for m in specs for n in c.prometheus_names(m, source="scrape")}
+    scraped = {n for n in found if n.startswith(("otel_train_", "process_", "system_", "hw_"))}
     assert scraped <= predicted, scraped - predicted
 
 
