@@ -139,6 +139,42 @@ LINK_STALENESS = AttributeSpec(
     "On a step span's link to a consumed rollout: the consuming step's policy version less "
     "the rollout's (j - k). Absent when either is unknown.",
 )
+PHASE_COLLECTIVE_WAIT = AttributeSpec(
+    "otel_train.phase.collective_wait",
+    "double",
+    "s",
+    "Time the phase spent waiting in blocking collectives of the training thread (its own "
+    "work is the rest): explicit torch.distributed calls, and in backward DDP's gradient "
+    "all-reduce after the last gradient was ready. Host time; absent when none ran.",
+)
+STEP_COLLECTIVE_WAIT = AttributeSpec(
+    "otel_train.step.collective_wait",
+    "double",
+    "s",
+    "Time the step's phases spent waiting in collectives (otel_train.phase.collective_wait "
+    "summed over its top-level phases). Absent when none ran.",
+)
+COLLECTIVE_OP = AttributeSpec(
+    "otel_train.collective.op",
+    "string",
+    "",
+    "The collective as torch.distributed names it (all_reduce, all_gather, "
+    "reduce_scatter_tensor, broadcast, barrier, ...); ddp_all_reduce for DDP's gradient "
+    "buckets.",
+)
+COLLECTIVE_GROUP = AttributeSpec(
+    "otel_train.collective.group",
+    "string",
+    "",
+    "The process group's name (default_pg for the default group).",
+)
+COLLECTIVE_SEQ = AttributeSpec(
+    "otel_train.collective.seq",
+    "int",
+    "",
+    "Collectives this rank entered on the group so far through torch.distributed, this "
+    "one included: ranks stuck at different numbers did not call the same collective.",
+)
 PHASE_OOMS = AttributeSpec(
     "otel_train.phase.memory.ooms",
     "int",

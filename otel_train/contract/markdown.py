@@ -8,7 +8,7 @@ from typing import Any
 from .attributes import RESOURCE_ATTRIBUTES
 from .conventions import CONVENTIONS, PEER_NAMES, SEMCONV_VERSION
 from .derived import DERIVED
-from .events import EVENTS
+from .events import EVENTS, LOG_EVENTS
 from .metrics import (
     DURATION_BUCKETS,
     DURATION_MAX_SCALE,
@@ -69,10 +69,26 @@ def _spans_section() -> list[str]:
     for event, (where, attributes) in EVENTS.items():
         out += ["", f"### Event `{event}`", "", where, ""]
         out += _attribute_rows(attributes)
+    out += _log_events_section()
     out += ["", "## Resource attributes", "", "Set when otel-train builds the SDK itself.", ""]
     out += ["| attribute | type | description |", "|---|---|---|"]
     for a in RESOURCE_ATTRIBUTES:
         out.append(f"| `{a.key}` | {a.type} | {a.description} |")
+    return out
+
+
+def _log_events_section() -> list[str]:
+    out = [
+        "",
+        "## Log records",
+        "",
+        "Events sent over the logs signal (OTLP `/v1/logs`), each a log record whose "
+        "`event_name` is the event's name, with the resource of every other signal "
+        "(the rank included).",
+    ]
+    for event, (when, severity, attributes) in LOG_EVENTS.items():
+        out += ["", f"### Log event `{event}` (severity {severity})", "", when, ""]
+        out += _attribute_rows(attributes)
     return out
 
 

@@ -30,6 +30,8 @@ A_REASON = "reason"
 A_DTYPE = "dtype"
 A_CATEGORY = "category"
 A_HW_ID = "hw.id"  # the semantic conventions' hardware id (conventions.py)
+A_COLLECTIVE_OP = "otel_train.collective.op"
+A_COLLECTIVE_GROUP = "otel_train.collective.group"
 
 METRIC_ATTRIBUTES = {
     A_PHASE: "Phase name (data, forward, backward, optimizer, rollout, ...).",
@@ -47,7 +49,11 @@ METRIC_ATTRIBUTES = {
     "metric points the run record could not write: a full disk, its span queue full).",
     A_DTYPE: "Matmul dtype the MFU peak is for: fp32, tf32, bf16, fp16 or fp8.",
     A_CATEGORY: "Where run wall time went: train (steps less data waits), data (waiting for "
-    "batches inside steps), evaluation and checkpoint (marked regions), other (the rest).",
+    "batches inside steps), evaluation and checkpoint (marked regions), hang (stalls: no "
+    "progress for hang_after seconds, until progress resumed), other (the rest).",
+    A_COLLECTIVE_OP: "The collective as torch.distributed names it (all_reduce, barrier, "
+    "...; ddp_all_reduce: DDP's gradient all-reduce inside backward).",
+    A_COLLECTIVE_GROUP: "The process group's name (default_pg for the default group).",
     A_HW_ID: "The GPU (semantic conventions `hw.id`): its UUID as NVML and DCGM name it "
     "(`GPU-...`, DCGM's `UUID` label), else `cuda:<index>`.",
 }
@@ -164,6 +170,37 @@ POLICY_STALENESS = MetricSpec(
     buckets=STALENESS_BUCKETS,
 )
 
+COLLECTIVE_DURATION = MetricSpec(
+    "otel_train.collective.duration",
+    "histogram",
+    "s",
+    "Time the training thread spent in each blocking collective, waiting for its peers "
+    "included (host time; on CUDA the device time of the stream current at the call).",
+    (A_COLLECTIVE_OP, A_COLLECTIVE_GROUP),
+)
+PROGRESS_AGE = MetricSpec(
+    "otel_train.progress.age",
+    "gauge",
+    "s",
+    "Seconds since the training thread's last phase boundary, read at each export: it keeps "
+    "rising while the training thread is stuck (alert OtelTrainRankStalled).",
+)
+PROGRESS_LIMIT = MetricSpec(
+    "otel_train.progress.limit",
+    "gauge",
+    "s",
+    "The progress age past which this rank counts as hung: hang_after, or the budget of the "
+    "evaluation or checkpoint region open now. Absent when hang_after is off.",
+)
+COLLECTIVE_WAITING = MetricSpec(
+    "otel_train.collective.waiting",
+    "gauge",
+    "1",
+    "1 while the training thread is inside a collective (explicit, or DDP's gradient "
+    "all-reduce at the end of backward), else 0: a stalled rank at 0 whose peers are stalled "
+    "at 1 holds the job.",
+)
+
 METRICS = (
     STEP_DURATION,
     PHASE_DURATION,
@@ -184,4 +221,8 @@ METRICS = (
     SPANS_EMITTED,
     OVERHEAD,
     POLICY_STALENESS,
+    COLLECTIVE_DURATION,
+    PROGRESS_AGE,
+    PROGRESS_LIMIT,
+    COLLECTIVE_WAITING,
 )

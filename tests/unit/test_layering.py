@@ -307,7 +307,7 @@ def test_the_package_docstring_draws_every_layer() -> None:
 CONTRACT_PARTS: dict[str, frozenset[str]] = {
     "specs": frozenset(),
     "attributes": frozenset({"specs"}),
-    "events": frozenset({"specs"}),
+    "events": frozenset({"specs", "attributes"}),
     "metrics": frozenset({"specs"}),
     "spans": frozenset({"specs", "attributes", "events"}),
     "prometheus": frozenset({"specs"}),
