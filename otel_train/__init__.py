@@ -24,7 +24,7 @@ contract, settings); tests/unit/test_layering.py holds the same table and finds 
     session ─► sidecar, wiring, export, recording, debug, signals
     sidecar ─► wiring, export, recording (started by session alone)
     wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)
-    adapters ─► recording        (base, backward, batches: never each other)
+    adapters ─► recording        (base, backward, batches, collectives, ddp: never each other)
     export ─► recording          (the SDK side, reading the core's aggregates)
     recording ─► debug           (the core: no adapters, export or sidecar)
     debug ─► identity only       (loads without the rest of otel-train)
@@ -64,11 +64,21 @@ __all__ = [
 
 
 def configure(
-    *, tracer_provider: Any = None, meter_provider: Any = None, **settings: Any
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    logger_provider: Any = None,
+    **settings: Any,
 ) -> session.Session:
-    """Start (or return) the process's telemetry session with these settings."""
+    """Start (or return) the process's telemetry session with these settings
+    (``logger_provider``: where hang records go with your own providers; default: the
+    global one)."""
     return session.get_or_create(
-        settings, tracer_provider, meter_provider, origin="otel_train.configure()"
+        settings,
+        tracer_provider,
+        meter_provider,
+        origin="otel_train.configure()",
+        logger_provider=logger_provider,
     )
 
 

@@ -28,6 +28,7 @@ from .export.setup import (
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
 from .recording.efficiency import EfficiencyTracker
+from .recording.hang_details import LocalHangs, hang_label
 from .recording.recorder import Recorder
 from .recording.regions import RegionLog
 from .recording.source import StepSource
@@ -50,6 +51,7 @@ class Session:
         settings: Settings,
         tracer_provider: Any | None = None,
         meter_provider: Any | None = None,
+        logger_provider: Any | None = None,
     ) -> None:
         self.settings = settings
         self.given_providers = (tracer_provider, meter_provider)
@@ -80,8 +82,9 @@ class Session:
                 self.recorder.handover = None
         if self.feeder is None:
             self.telemetry = build_telemetry(
-                settings, tracer_provider, meter_provider, __version__, self.record
-            )
+                settings, tracer_provider, meter_provider, __version__, self.record,
+                logger_provider,
+            )  # fmt: skip
             consumer = build_consumer(
                 settings,
                 self.telemetry,
@@ -91,6 +94,7 @@ class Session:
                 rank(),
                 now_offset_ns(),
                 debug,
+                hangs=LocalHangs(self.recorder, self.regions, self.hang_dir, hang_label()),
             )
             self.aggregator = consumer.aggregator
             self.publisher = consumer.publisher
@@ -145,6 +149,12 @@ class Session:
         # What the sidecar builds, as seen from here (its providers live there).
         self.telemetry = Telemetry(None, None, None, owned=True)
         self.recorder.on_backlog(self.feeder.pump, PUMP_ENTRIES, PUMP_STEPS)
+
+    @property
+    def hang_dir(self) -> str:
+        """Where a hang's Flight Recorder dump goes: the run record's directory, else
+        debug_dir."""
+        return self.record.directory if self.record is not None else self.settings.debug_dir
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
@@ -280,6 +290,7 @@ def get_or_create(
     tracer_provider: Any | None = None,
     meter_provider: Any | None = None,
     origin: str = "a step(), phase(), record() or region() call before any instrument()",
+    logger_provider: Any | None = None,
 ) -> Session:
     """The live session, or a new one; ``origin`` names the call, for the error a later
     call with other settings gets."""
@@ -298,7 +309,7 @@ def get_or_create(
                     "before configuring it again, or pass the same values"
                 )
             return session
-        _current = Session(settings, tracer_provider, meter_provider)
+        _current = Session(settings, tracer_provider, meter_provider, logger_provider)
         _current.origin = origin
         _stopped = False
         return _current

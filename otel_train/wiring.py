@@ -16,11 +16,13 @@ from weakref import WeakKeyDictionary
 
 from . import contract as c
 from .export.ids import id_choice
+from .export.logs import logger_for
 from .export.setup import Telemetry
 from .identity import world_size
 from .recording.aggregate import MetricsAggregator
 from .recording.console import ConsoleReporter
 from .recording.efficiency import EfficiencyTracker
+from .recording.hangs import HangWatch
 from .recording.instruments import Publisher
 from .recording.sampling import StepSampler
 from .recording.spans import SpanEmitter
@@ -46,8 +48,11 @@ def build_consumer(
     rank: int,
     offset_ns: int,
     debug: Any = None,
+    hangs: Any = None,
 ) -> Consumer:
-    """``source``: where batches come from (recording/source.py's interface)."""
+    """``source``: where batches come from (recording/source.py's interface); ``hangs``:
+    the hang watch's view of the training process (hang_details.LocalHangs, or the
+    sidecar's), None for no watch."""
     t = telemetry
     aggregator = MetricsAggregator()
     publisher: Publisher | None = None
@@ -90,6 +95,10 @@ def build_consumer(
         export_drops=t.drop_counts if t.health is not None or t.record is not None else None,
         efficiency=efficiency,
     )
+    if hangs is not None and settings.hang_after != "off":
+        logger = logger_for(t.logger_provider, version)
+        stall = efficiency.note_stall if efficiency is not None else None
+        worker.hangs = hangs.watch = HangWatch(settings, logger, hangs.progress, hangs.ask, stall)
     return Consumer(aggregator, publisher, worker)
 
 

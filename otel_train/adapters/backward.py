@@ -60,6 +60,9 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         _exit_backward(rec, err)
         raise
     try:
+        ending = getattr(owner, "backward_ends", None)
+        if ending is not None:
+            ending()  # (what the backward waited for at its end: DDP's all-reduce, ddp.py)
         rec.transition(_BACKWARD_END)
         after = getattr(owner, "after_backward", None)
         if after is not None:

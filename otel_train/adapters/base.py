@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..recording.recorder import PhaseScope, Recorder, StepScope
+from .collectives import hold_collectives
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -31,6 +32,8 @@ class Instrumentation:
         self.kind = kind
         self._undo: list[Callable[[], None]] = []
         self.active = True
+        self.rec = session.recorder
+        self.on_undo(hold_collectives(self))  # (blocking collectives become phases)
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         self._undo.append(fn)

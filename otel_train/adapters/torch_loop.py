@@ -38,6 +38,7 @@ from ..recording.recorder import ADAPTER, Recorder, boundary
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
+from .ddp import ddp_backward_ends, watch_ddp
 
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
@@ -172,6 +173,8 @@ class TorchLoopAdapter:
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
         self.precision_checks = PRECISION_CHECKS
+        self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
+        self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -208,6 +211,11 @@ class TorchLoopAdapter:
                 note_precision(self.rec, autocast_label())
         except Exception:
             self._failed()
+
+    def backward_ends(self) -> None:
+        """backward.py, before backward's end: DDP's gradient wait (ddp.py)."""
+        if self.ddp_grad_ns:
+            ddp_backward_ends(self)
 
     def forward_failed(self, err: BaseException) -> None:
         """The forward phase ends with the exception (an OOM included)."""
@@ -333,6 +341,7 @@ def attach(
                 dataloader.__class__ = original_cls
 
         inst.on_undo(restore_loader)
+    watch_ddp(inst, adapter, model)
     release_backward = hold_backward(adapter)
 
     def deactivate() -> None:

@@ -33,8 +33,9 @@ STEP_SAMPLED_BECAUSE = AttributeSpec(
     "instrumentation), shape (the first step of a step shape not seen before), debug (a "
     "profiled step or the end of a memory-snapshot window), carrier (it handed out a "
     "sampled otel_train.carrier(): other processes' spans are in its trace), parent (a "
-    "step(parent=carrier) under a sampled carrier: a child of the other process's step) "
-    "or consumed (it consumed a rollout whose span was sampled: its link has a target).",
+    "step(parent=carrier) under a sampled carrier: a child of the other process's step), "
+    "consumed (it consumed a rollout whose span was sampled: its link has a target) or "
+    "hang (it was open when the rank hung: the otel_train.hang record names its ids).",
 )
 STEP_THROUGHPUT_SAMPLES = AttributeSpec(
     "otel_train.step.throughput.samples", "double", "{sample}/s", "Samples / host step time."

@@ -4,6 +4,8 @@ and the phase names the adapters emit."""
 from __future__ import annotations
 
 from .attributes import (
+    COLLECTIVE_GROUP,
+    COLLECTIVE_OP,
     LINK_STALENESS,
     PHASE_ALLOC_RETRIES,
     PHASE_CLOCK,
@@ -72,7 +74,11 @@ PHASE_SPAN = SpanSpec(
     f"the phase raised; an `{OOM_EVENT}` event on a CUDA out-of-memory error. A remote "
     "phase (phase(name, parent=carrier) in another process) is a child of the trainer's "
     "step span, in its trace, with its own process's resource, exported only when the "
-    "carrier is sampled; its otel_train.step.index is the trainer's step.",
+    "carrier is sampled; its otel_train.step.index is the trainer's step. A blocking "
+    "collective the training thread waited in for 1 ms or more is a phase span of its own, "
+    "named after the op (all_reduce, ...) with otel_train.collective.op and "
+    "otel_train.collective.group; shorter ones are only their phase's "
+    "otel_train.phase.collective_wait.",
     (
         PHASE_NAME,
         STEP_INDEX,
@@ -85,6 +91,8 @@ PHASE_SPAN = SpanSpec(
         PHASE_ALLOC_RETRIES,
         PHASE_OOMS,
         PHASE_COLLECTIVE_WAIT,
+        COLLECTIVE_OP,
+        COLLECTIVE_GROUP,
         POLICY_VERSION,
     ),
 )

@@ -44,6 +44,7 @@ from .bridge import (
     BridgedPrometheusReader,
     HistogramBridge,
 )
+from .logs import application_logger_provider, own_logger_provider
 from .pipeline import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, SpanBatcher
 from .record import (
     RECORD_INTERVAL_S,
@@ -80,6 +81,7 @@ class Telemetry:
     record: RecordPlan | None = None  # where the run record goes, if it is written
     record_files: list[RecordFile] = field(default_factory=list)
     record_health: ExportHealth | None = None  # its span queue's drops
+    logger_provider: Any | None = None  # where log records (hang events) go (logs.py)
     _closers: list[Any] = field(default_factory=list)
 
     def drop_counts(self) -> dict[str, int]:
@@ -106,7 +108,7 @@ class Telemetry:
 
         def close() -> None:
             deadline = time.monotonic() + timeout_s
-            for provider in (self.meter_provider, self.tracer_provider):
+            for provider in (self.logger_provider, self.meter_provider, self.tracer_provider):
                 if provider is None:
                     continue
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
@@ -148,13 +150,17 @@ def build_telemetry(
     meter_provider: Any | None = None,
     version: str = "",
     record: RecordPlan | None = None,
+    logger_provider: Any | None = None,
 ) -> Telemetry:
-    """``record``: where otel-train's own SDK writes the run record (rule 3 only)."""
+    """``record``: where otel-train's own SDK writes the run record (rule 3 only);
+    ``logger_provider``: the application's, for log records (else the global one)."""
+    logs = application_logger_provider(logger_provider)
     if tracer_provider is not None or meter_provider is not None:
         return Telemetry(
             tracer_provider,
             meter_provider,
             _BRIDGES.get(meter_provider) if meter_provider else None,
+            logger_provider=logs,
         )
     gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
     if _is_sdk_tracer_provider(gtp) or _is_sdk_meter_provider(gmp):
@@ -162,6 +168,7 @@ def build_telemetry(
             gtp if _is_sdk_tracer_provider(gtp) else None,
             gmp if _is_sdk_meter_provider(gmp) else None,
             _BRIDGES.get(gmp),
+            logger_provider=logs,
         )
     return build_own(settings, version, record=record)
 
@@ -342,6 +349,7 @@ def build_own(
         t.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in processors:
             t.tracer_provider.add_span_processor(processor)
+    t.logger_provider = own_logger_provider(settings, resource)
     return t
 
 

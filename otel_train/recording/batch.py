@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from operator import itemgetter, sub
 from typing import Any
 
+from .collectives import Waits
 from .records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
 from .resolved import ResolvedStep, scalar_value
 from .values import add_count
@@ -38,7 +39,7 @@ class Shape:
     """The phases of a step, in seq order: per row its seq, parent, name, depth and
     whether CUDA events timed it (``devices``)."""
 
-    __slots__ = ("data_rows", "depths", "devices", "key", "names", "parents", "seqs")
+    __slots__ = ("data_rows", "depths", "devices", "key", "names", "parents", "seqs", "waits")
 
     def __init__(
         self, rows: Sequence[tuple[int, int, str]], devices: Sequence[bool] | None = None
@@ -55,6 +56,8 @@ class Shape:
         self.depths = [depth[r[0]] for r in rows]
         # Top-level "data" phases: the step's data-loading wait (efficiency.py).
         self.data_rows = [i for i, r in enumerate(rows) if r[1] < 0 and r[2] == "data"]
+        # Collectives' rows and the rows they ran in (collectives.py).
+        self.waits = Waits(self.seqs, self.parents, self.names)
 
 
 @dataclass(slots=True)  # one per traced step: a frozen dataclass costs ~1 us to build
@@ -281,6 +284,14 @@ class StepBlock:
             for col in cols[1:]:
                 out = [a + v for a, v in zip(out, col, strict=True)]
         self._data = out
+        return out
+
+    def wait_seconds(self) -> list[float]:
+        """Each step's time waiting in collectives (its collectives' rows, summed)."""
+        rows = self.shape.waits.rows
+        out = [0.0] * self.k
+        for i in rows:
+            out = [a + v for a, v in zip(out, self.phase_seconds[i], strict=True)]
         return out
 
     def rate_seconds(self) -> list[float]:

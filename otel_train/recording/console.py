@@ -23,6 +23,7 @@ import sys
 from typing import Any, TextIO
 
 from .batch import StepBlock
+from .collectives import label
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
 
@@ -92,6 +93,7 @@ class ConsoleReporter:
         self.last_end: int | None = None
         self.run_samples = 0
         self.run_tokens = 0
+        self.run_wait = 0.0  # seconds the steps waited in collectives (collectives.py)
         self.last_scalars: dict[str, float] = {}
         self.efficiency = efficiency
         self._win_flops = 0.0
@@ -130,9 +132,13 @@ class ConsoleReporter:
             self._win_flops = sum(eff.rate_flops[lo:hi], self._win_flops)
             self._win_flop_seconds = sum(eff.rate_seconds[lo:hi], self._win_flop_seconds)
         window, shape, memory = self._window, block.shape, block.memory
+        waits = shape.waits
         for r, key in enumerate(zip(shape.depths, shape.names, strict=True)):
             t = window.get(key) or self._new_row(key)
             t.seconds = sum(block.phase_seconds[r][lo:hi], t.seconds)
+            if waits.any:  # a phase's own work: less the collectives it waited in
+                for w in waits.inside[r]:
+                    t.seconds -= sum(block.phase_seconds[w][lo:hi])
             t.count += hi - lo
             if memory is not None:
                 peaks = [m[0] for m in memory[r][lo:hi] if m is not None]
@@ -146,6 +152,8 @@ class ConsoleReporter:
             for items in block.scalars[lo:hi]:
                 for name, value in items:
                     self.last_scalars[name] = value
+        if waits.any:
+            self.run_wait = sum(block.wait_seconds()[lo:hi], self.run_wait)
         samples = sum(v for v in block.samples[lo:hi] if v)
         tokens = sum(v for v in block.tokens[lo:hi] if v)
         self._add_totals(block.seconds[lo:hi], samples, tokens)
@@ -214,7 +222,7 @@ class ConsoleReporter:
             f"{'phase':<24}{'time/step':>12}{'% step':>9}{'peak alloc':>13}{'% device':>10}",
         ]
         for (depth, name), t in self._window.items():
-            name = "  " * depth + name
+            name = "  " * depth + label(name)
             per_step = t.seconds / n
             pct = 100.0 * t.seconds / self._win_seconds if self._win_seconds > 0 else 0.0
             lines.append(
@@ -276,6 +284,10 @@ class ConsoleReporter:
             from .efficiency_lines import summary_lines
 
             lines += summary_lines(self.efficiency, fmt_seconds)
+        if self.run_wait > 0 and self.run_step_seconds > 0:
+            share = 100.0 * self.run_wait / self.run_step_seconds
+            lines.append(f"  waiting in collectives {share:.1f}% of step time "
+                         f"({fmt_seconds(self.run_wait)})")  # fmt: skip
         lines.append(
             f"{'phase':<24}{'total':>12}{'% wall':>9}{'calls':>8}{'peak alloc':>13}{'% device':>10}"
         )
@@ -286,7 +298,7 @@ class ConsoleReporter:
             run[key].total = t.total
         self._fold_window(run)  # steps since the last table
         for (depth, name), t in run.items():
-            name = "  " * depth + name
+            name = "  " * depth + label(name)
             lines.append(
                 f"{name:<24}{fmt_seconds(t.seconds):>12}{_pct(100.0 * t.seconds / wall, t):>9}"
                 f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"

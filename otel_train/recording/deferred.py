@@ -28,11 +28,14 @@ from .records import (
     L_KIND,
     L_STACK,
     LINK,
+    P_T1,
     S_STEP,
+    S_T0,
     SCALARS,
     STEP_BEGIN,
     STEP_END,
     OpenStep,
+    newest_time,
 )
 from .scopes import BACKGROUND, CYCLE, EXPLICIT, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
@@ -56,6 +59,8 @@ class DeferredLog(PhaseMachine):
         # anything that needs this recorder's state has it catch up first.
         self.handover: Any = None
         self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
+        # The newest entry time that left the log or the queue (progress_ns).
+        self.progress_floor = 0
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
         self._defer = self._may_defer()
         self._shapes = StepShapes(settings)
@@ -102,6 +107,11 @@ class DeferredLog(PhaseMachine):
             self._scalar_events = True
             self._defer = self._may_defer()
 
+    def note_progress(self, t: int) -> None:
+        """Entries or steps up to ``t`` left the log or the queue (progress_ns)."""
+        if t > self.progress_floor:
+            self.progress_floor = t
+
     def _may_defer(self) -> bool:
         return (
             not self._want_cuda
@@ -147,6 +157,25 @@ class DeferredLog(PhaseMachine):
         """Whether the worker has boundaries to apply or finished steps to take (without
         applying anything here: ``pending`` would replay the log on the caller's thread)."""
         return bool(self._log or self._pending)
+
+    def progress_ns(self) -> int:
+        """The host time of the training thread's latest boundary as far as this process
+        knows, without applying anything or taking the lock (any thread: the hang watch
+        reads it; entries and state may change meanwhile, so it only reads)."""
+        t = self.progress_floor
+        try:
+            t = max(t, newest_time(self._log))
+            step = self._current
+            if step is not None:
+                t = max(t, step.t0, step.phases[-1][P_T1] if step.phases else 0)
+            stack = self.step_stack
+            if stack:
+                t = max(t, stack[-1][S_T0])
+            if self._pending:
+                t = max(t, self._pending[-1].t1)
+        except (IndexError, RuntimeError):  # (changed while read: the next read has it)
+            pass
+        return t
 
     def backlog_due(self) -> bool:
         """Whether enough waits for the worker to process before its next batch time:
@@ -223,6 +252,7 @@ class DeferredLog(PhaseMachine):
             while log:
                 # Entries appended meanwhile wait for the next pass (or the next call).
                 count = len(log) if limit < 0 else min(limit, len(log))
+                self.note_progress(newest_time(log, count))
                 for _ in range(count):
                     replay(popleft())
                 if limit >= 0:
@@ -288,6 +318,7 @@ class DeferredLog(PhaseMachine):
             # taken here are applied before the lock is released: current_step waits.)
             entries = list(islice(iter(log.popleft, None), len(log)))
             n = len(entries)
+            self.note_progress(newest_time(entries))
             kinds: list[Any] = []
             stacks: list[Any] = []
             shapes = self._shapes

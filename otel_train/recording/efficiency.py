@@ -260,6 +260,10 @@ class EfficiencyTracker:
             if len(after) >= COST_BASELINE_STEPS:
                 pending = self._cost_pending = None
 
+    def note_stall(self, t0: int, t1: int) -> None:
+        """A stall the hang watch saw end (hangs.py): goodput's "hang" (any thread)."""
+        self._regions.done.append(("hang", t0, t1))
+
     def drain_regions(self, agg: MetricsAggregator) -> None:
         done = self._regions.done
         if not done:

@@ -1,4 +1,5 @@
-"""Goodput: the run's wall time split into train, data, evaluation, checkpoint and other.
+"""Goodput: the run's wall time split into train, data, evaluation, checkpoint, hang
+(a stall the hang watch saw: hangs.py) and other.
 
 Each instant from the first step or region to the last counts once: inside an
 evaluation or checkpoint region it is that region's (a region nested in another counts
@@ -17,7 +18,7 @@ from __future__ import annotations
 import collections
 from bisect import bisect_right
 
-CATEGORIES = ("train", "data", "evaluation", "checkpoint", "other")
+CATEGORIES = ("train", "data", "evaluation", "checkpoint", "hang", "other")
 MAX_COVERED = 256  # merged region intervals kept, oldest dropped first
 MAX_STEPS = 4096  # recent step extents a late region is compared with
 
@@ -52,7 +53,7 @@ class Goodput:
         self._steps.extend(zip(starts, ends, strict=True))
 
     def add_region(self, kind: str, t0: int, t1: int) -> None:
-        """An evaluation or checkpoint region that ended."""
+        """An evaluation or checkpoint region that ended, or a stall (kind "hang")."""
         self._extend(t0, t1)
         if t1 <= t0:
             return

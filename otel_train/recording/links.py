@@ -66,11 +66,14 @@ class StepLink(NamedTuple):
     sampled: bool  # traced whatever the sampler would say
     step_index: int | None = None  # the parent's step (a remote phase's span carries it)
     policy_version: int | None = None
+    hang: bool = False  # traced because it hung (its ids are in the hang record: hangs.py)
 
     @property
     def reason(self) -> str:
         """``sampled_because`` of a step traced for its link."""
-        return "parent" if self.parent_id else "carrier"
+        if self.parent_id:
+            return "parent"
+        return "hang" if self.hang else "carrier"
 
     @classmethod
     def under(cls, parent: Parent) -> StepLink:

@@ -422,6 +422,15 @@ class StepMachine:
             link = step.link = link._replace(span_id=new_ids(link.trace_id)[1])
         return link
 
+    def _hang_link(self, t: int) -> StepLink | None:
+        """The open step's link for a hang record: traced whatever the sampler says, its
+        span's ids chosen now (hangs.py)."""
+        link = self._own_link(t)
+        step = self._current
+        if link is not None and step is not None and not link.sampled:
+            link = step.link = link._replace(sampled=True, hang=True)
+        return link
+
     def _link_at(self, parent: tuple[Any, ...]) -> None:
         """The open step joins the trace ``parent`` (links.Parent's fields) names, as a
         child of its span, if sampled there; the first link of a step stands."""

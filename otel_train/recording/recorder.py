@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..identity import run_id
 from ..settings import Settings
+from .collectives import phase_name as collective_phase
 from .deferred import DeferredLog
 from .links import UNSET, Parent, carrier_dict, parse_carrier, warn_bad_parent
 from .records import (
@@ -126,6 +127,8 @@ class Recorder(DeferredLog):
         self._warned_parent = False  # a bad carrier is warned about once
         self._warned_token = False  # and a bad token (tokens.py)
         self._run = run_id()  # this run's id, if known: carriers name it (links.py)
+        # The training thread's collective in flight: (op, group, seq, host t0), or None.
+        self.collective_now: tuple[str, str, int | None, int] | None = None
 
     # -- public scopes -------------------------------------------------------------
 
@@ -196,6 +199,39 @@ class Recorder(DeferredLog):
                     self._on_full()
                 return
             self._record((self._tls_stack(), perf_counter_ns(), b), False)
+        except Exception:
+            self._fail()
+
+    # -- collectives (collectives.py): phases of their own, and what is in flight -------
+
+    def collective_enter(self, op: str, group: str, seq: int | None) -> None:
+        """A blocking collective begins on this thread: its phase, and (on the training
+        thread) what a hang record names while it runs."""
+        if not self.enabled:
+            self._disabled()
+            return
+        try:
+            stack = self._tls_stack()
+            t = perf_counter_ns()
+            if stack is self.step_stack or self.step_stack is None:
+                self.collective_now = (op, group, seq, t)
+            self._record((stack, t, ENTER, collective_phase(op, group)), self._defer)
+        except Exception:
+            self._fail()
+
+    def collective_exit(self, op: str, group: str, exc_type: Any = None, exc: Any = None) -> None:
+        self.collective_now = None
+        self.exit(exc_type, exc, collective_phase(op, group))
+
+    def waited(self, op: str, group: str, t0: int, t1: int) -> None:
+        """A collective waited for from ``t0`` to ``t1`` inside the open phase, known only
+        now (DDP's gradient all-reduce, at the end of backward): its phase, after the fact."""
+        if not self.enabled or t1 <= t0:
+            return
+        try:
+            stack, name = self._tls_stack(), collective_phase(op, group)
+            self._record((stack, t0, ENTER, name), self._defer)
+            self._record((stack, t1, EXIT, name, None), self._defer)
         except Exception:
             self._fail()
 

@@ -41,11 +41,23 @@ L_STACK, L_TIME, L_KIND = range(3)
 ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD, LINK, ENTER_REMOTE = range(9)
 
 
+def newest_time(entries: Any, last: int | None = None) -> int:
+    """The time of the newest timed entry among the first ``last`` of ``entries`` (all:
+    None); entries without one (scalars, counts) say 0. Looks at eight at most."""
+    end = len(entries) if last is None else last
+    for i in range(end - 1, max(-1, end - 9), -1):
+        t = entries[i][L_TIME]
+        if t:
+            return int(t)
+    return 0
+
+
 class PhaseStack(list):  # type: ignore[type-arg]
     """A thread's phase stack; equal only to itself (the worker counts a thread's
     entries in a log by comparing stacks, and two threads' empty stacks are not one)."""
 
-    __slots__ = ("__weakref__",)  # (the recorder keeps stacks weakly: phases._fold_all)
+    __slots__ = ("__weakref__", "thread")  # (kept weakly: phases._fold_all; its thread)
+    thread: int  # the ident of the thread it belongs to (0: another process's)
     __eq__ = object.__eq__
     __ne__ = object.__ne__
     __hash__ = object.__hash__  # type: ignore[assignment]
@@ -66,10 +78,12 @@ class MainPhaseStack(PhaseStack):
 
 
 def new_stack() -> PhaseStack:
-    """A phase stack for the calling thread."""
-    if threading.current_thread() is threading.main_thread():
-        return MainPhaseStack()
-    return PhaseStack()
+    """A phase stack for the calling thread (``thread``: its ident, for hang records)."""
+    stack = (
+        MainPhaseStack() if threading.current_thread() is threading.main_thread() else PhaseStack()
+    )
+    stack.thread = threading.get_ident()
+    return stack
 
 
 _REPLICA_STACKS: dict[int, PhaseStack] = {}
@@ -80,6 +94,7 @@ def stack_of(token: int, main: bool = False) -> PhaseStack:
     stack = _REPLICA_STACKS.get(token)
     if stack is None:
         stack = _REPLICA_STACKS[token] = MainPhaseStack() if main else PhaseStack()
+        stack.thread = 0  # (another process's thread)
     return stack
 
 

@@ -7,6 +7,7 @@ efficiency tracker drains it into the goodput split (efficiency.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 from time import perf_counter_ns
 from typing import Any, Literal
 
@@ -18,6 +19,11 @@ class RegionLog:
 
     def __init__(self) -> None:
         self.done: collections.deque[tuple[str, int, int]] = collections.deque(maxlen=4096)
+        # Regions open now, outermost first, and when one last began or ended: what the
+        # hang watch reads (an open region has a budget of its own; entering one is
+        # progress).
+        self.open: list[tuple[str, int]] = []
+        self.last_ns = 0
 
     def region(self, kind: str) -> Region:
         if kind not in REGION_KINDS:
@@ -36,9 +42,16 @@ class Region:
         self._t0 = 0
 
     def __enter__(self) -> Region:
-        self._t0 = perf_counter_ns()
+        log = self._log
+        self._t0 = log.last_ns = perf_counter_ns()
+        if len(log.open) < 64:  # (entered and never left: bounded)
+            log.open.append((self._kind, self._t0))
         return self
 
     def __exit__(self, *exc: Any) -> Literal[False]:
-        self._log.done.append((self._kind, self._t0, perf_counter_ns()))
+        log = self._log
+        t1 = log.last_ns = perf_counter_ns()
+        log.done.append((self._kind, self._t0, t1))
+        with contextlib.suppress(ValueError):
+            log.open.remove((self._kind, self._t0))
         return False

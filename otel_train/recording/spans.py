@@ -25,10 +25,15 @@ from opentelemetry.trace import (
 )
 
 from .. import contract as c
+from .collectives import PREFIX as COLLECTIVE
+from .collectives import parse as parse_collective
 from .efficiency_lines import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# A collective's wait becomes a span of its own from this long (collectives.py); shorter
+# ones are only their phase's otel_train.phase.collective_wait (docs/rationale.md).
+COLLECTIVE_SPAN_S = 0.001
 
 
 class IdChoice(Protocol):
@@ -84,15 +89,18 @@ class SpanEmitter:
             span_attributes(step.efficiency, attrs)
         start = step.start + off
         end = max(step.end + off, start)
+        wait = sum(p.seconds for p in step.phases if p.name.startswith(COLLECTIVE))
+        if wait > 0:
+            attrs[c.STEP_COLLECTIVE_WAIT.key] = wait
         root = self._root(step, attrs, start)
-        self._phase_tree(step.phases, root, step.index)
+        spans = self._phase_tree(step.phases, root, step.index)
         if self.step_events is not None:
             for name, attributes in self.step_events(step.index):
                 root.add_event(name, attributes, timestamp=start)
         if step.error:
             root.set_status(Status(StatusCode.ERROR, "a phase raised"))
         root.end(end_time=end)
-        self.emitted += 1 + len(step.phases)
+        self.emitted += 1 + len(spans)
         ctx = root.get_span_context()
         return ctx.trace_id, ctx.span_id
 
@@ -127,13 +135,20 @@ class SpanEmitter:
         """One span per phase under ``root`` (nested phases nest), ended."""
         off = self.offset_ns
         spans: dict[int, Any] = {}
+        waits = _waits(phases)
         for phase in phases:  # sorted by seq: parents come before children
+            if waits and phase.name.startswith(COLLECTIVE) and phase.seconds < COLLECTIVE_SPAN_S:
+                continue  # a short wait: only its parent's collective_wait attribute
             parent = spans.get(phase.parent, root)
-            spans[phase.seq] = self._phase_span(phase, parent, index, policy_version)
+            span = self._phase_span(phase, parent, index, policy_version)
+            if waits and phase.seq in waits:
+                span.set_attribute(c.PHASE_COLLECTIVE_WAIT.key, waits[phase.seq])
+            spans[phase.seq] = span
         # End children before parents so exporters see a complete tree in order.
         for phase in reversed(phases):
-            span = spans[phase.seq]
-            span.end(end_time=max(phase.end + off, phase.start + off))
+            span = spans.get(phase.seq)
+            if span is not None:
+                span.end(end_time=max(phase.end + off, phase.start + off))
         return spans
 
     def _root(self, step: ResolvedStep, attrs: dict[str, Any], start: int) -> Any:
@@ -168,11 +183,16 @@ class SpanEmitter:
     def _phase_span(
         self, phase: ResolvedPhase, parent: Any, index: int | None, policy_version: int | None
     ) -> Any:
+        name = phase.name
         attrs: dict[str, Any] = {
-            c.PHASE_NAME.key: phase.name,
             c.PHASE_CLOCK.key: "host" if phase.dev_start is None else "device",
             c.PHASE_HOST_DURATION.key: phase.host_seconds,
         }
+        collective = parse_collective(name)
+        if collective is not None:  # named after its op, with its op and group
+            name = collective[0]
+            attrs[c.COLLECTIVE_OP.key], attrs[c.COLLECTIVE_GROUP.key] = collective
+        attrs[c.PHASE_NAME.key] = name
         if index is not None:  # (a remote phase's: the trainer's step, when its carrier says)
             attrs[c.STEP_INDEX.key] = index
         if policy_version is not None:
@@ -189,7 +209,7 @@ class SpanEmitter:
         if phase.memory is not None and self.device_total:
             attrs[c.PHASE_PEAK_UTILIZATION.key] = phase.memory[1] / self.device_total
         span = self._tracer.start_span(
-            phase.name,
+            name,
             context=trace.set_span_in_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attrs,
@@ -229,6 +249,15 @@ class SpanEmitter:
                 timestamp=at,
             )
         span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
+
+
+def _waits(phases: list[ResolvedPhase]) -> dict[int, float]:
+    """Seconds each phase waited in the collectives directly inside it, by its seq."""
+    out: dict[int, float] = {}
+    for p in phases:
+        if p.name.startswith(COLLECTIVE):
+            out[p.parent] = out.get(p.parent, 0.0) + p.seconds
+    return out
 
 
 def _links(consumed: list[Any]) -> list[trace.Link]:

@@ -21,6 +21,7 @@ from typing import Any
 from .. import contract as c
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .batch import StepBlock
+from .collectives import parse as parse_collective
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
@@ -66,7 +67,7 @@ class Worker:
         self.console = console
         self.poll_s = poll_s
         self.batch_s = batch_s
-        self._phase_hist: dict[tuple[str, bool], HistogramState] = {}  # (phase, device?)
+        self._phase_hist: dict[tuple[Any, ...], HistogramState] = {}  # by attributes
         # Per clock (device?): phase name -> (histogram, attributes, series name); names
         # past MAX_PHASE_SERIES map to the "_other" series.
         self._series: dict[bool, dict[str, list[Any]]] = {
@@ -82,6 +83,7 @@ class Worker:
         self._device_total = 0  # bytes, once the recorder knows the device's memory
         self.steps_processed = 0
         self.failed = False
+        self.hangs: Any = None  # the hang watch (hangs.HangWatch), ticked every wake
         # A drop reason's counter series starts with its first drop (fewer series per
         # rank: docs/scale.md); a run that drops nothing sends none.
 
@@ -102,12 +104,31 @@ class Worker:
             if now - last >= self.batch_s or source.backlog_due():
                 last = now
                 self.process()
+            if self.hangs is not None:
+                self._watch_hangs()
+
+    def _watch_hangs(self) -> None:
+        """The hang watch's tick (hangs.py) and its gauges: they are read at each export,
+        so they keep rising while the training thread is stuck."""
+        watch = self.hangs
+        try:
+            if not watch.tick(time.perf_counter_ns(), self.steps_processed > 0):
+                return
+            with self.agg.lock:
+                self.agg.set(c.PROGRESS_AGE.name, (), watch.age)
+                self.agg.set(c.PROGRESS_LIMIT.name, (), watch.limit)
+                self.agg.set(c.COLLECTIVE_WAITING.name, (), 1.0 if watch.waiting else 0.0)
+        except Exception:
+            self.hangs = None
+            _log.exception("otel-train: the hang watch failed; it is off")
 
     def stop(self, deadline: float) -> None:
         """Drain what resolves before ``deadline`` (monotonic seconds), then stop."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self.hangs is not None:
+            self._watch_hangs()  # (a stall that just ended: its resolved record, its time)
         while True:
             self.process()
             if not self.source.has_work() or time.monotonic() >= deadline or self.failed:
@@ -280,13 +301,11 @@ class Worker:
             else:  # a name the step repeats (gradient accumulation): step by step
                 buf.extend(v for vals in zip(*cols, strict=True) for v in vals)
             if records is not None:
-                attrs = entry[1]
-                records.extend(
-                    (c.PHASE_DURATION.name, attrs, v) for v in buf[-block.k * len(cols) :]
-                )
+                metric, attrs = entry[4], entry[1]
+                records.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
         return rows
 
-    def _block_memory(self, block: StepBlock, series: list[str]) -> None:
+    def _block_memory(self, block: StepBlock, series: list[str | None]) -> None:
         """Each phase's peak memory gauges (by its series' name), step by step: the last
         value stays."""
         memory, agg = block.memory, self.agg
@@ -294,22 +313,36 @@ class Worker:
         for i in range(block.k):
             for r, name in enumerate(series):
                 m = memory[r][i]
-                if m is None:
+                if m is None or name is None:  # (a collective's: in its phase's peak)
                     continue
                 agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[0])
                 agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[1])
 
     def _phase_series(self, name: str, device: bool) -> list[Any]:
-        """[histogram, attributes, series name, values waiting for the histogram]."""
+        """[histogram, attributes, series name (None: a collective's, which has no memory
+        gauge), values waiting for the histogram, metric name]. A collective's phase
+        (collectives.py) feeds otel_train.collective.duration by op and group instead."""
         phase_hist = self._phase_hist
-        series = name
-        if (name, device) not in phase_hist and len(phase_hist) >= MAX_PHASE_SERIES:
-            series = OTHER_PHASE  # bounded series: further phase names share "_other"
-        attrs = _phase_attrs(series, device)
-        h = phase_hist.get((series, device))
+        series: str | None = name
+        attrs: tuple[tuple[str, str], ...]
+        collective = parse_collective(name)
+        if collective is not None:
+            metric = c.COLLECTIVE_DURATION.name
+            attrs = ((c.A_COLLECTIVE_GROUP, collective[1]), (c.A_COLLECTIVE_OP, collective[0]))
+            series = None
+        else:
+            metric, attrs = c.PHASE_DURATION.name, _phase_attrs(name, device)
+        if attrs not in phase_hist and len(phase_hist) >= MAX_PHASE_SERIES:
+            # bounded series: further phase names (and collectives) share "_other"
+            metric, attrs, series = (
+                c.PHASE_DURATION.name,
+                _phase_attrs(OTHER_PHASE, device),
+                OTHER_PHASE,
+            )
+        h = phase_hist.get(attrs)
         if h is None:
-            h = phase_hist[(series, device)] = self.agg.histogram(c.PHASE_DURATION.name, attrs)
-        entry: list[Any] = [h, attrs, series, []]
+            h = phase_hist[attrs] = self.agg.histogram(metric, attrs)
+        entry: list[Any] = [h, attrs, series, [], metric]
         if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
             self._series[device][name] = entry
         return entry
@@ -349,9 +382,9 @@ class Worker:
                     entry[0].observe(row[P_SECONDS])
                     if api:
                         assert publisher is not None
-                        publisher.record(c.PHASE_DURATION.name, entry[1], row[P_SECONDS])
+                        publisher.record(entry[4], entry[1], row[P_SECONDS])
                     m = row[P_MEMORY]
-                    if m is not None:
+                    if m is not None and entry[2] is not None:
                         self.agg.set(
                             c.PHASE_MEMORY_PEAK.name, _mem_attrs(entry[2], "allocated"), m[0]
                         )

@@ -158,6 +158,17 @@ class Settings:
         default=1,
         metadata={"parse": v.int_range(0, 1000), "doc": "Slowest steps traced per window."},
     )
+    hang_after: float | str = field(
+        default="auto",
+        metadata={
+            "parse": v.seconds_or("auto", "off", lo=1.0, hi=7 * 86400.0),
+            "doc": "Seconds without progress (no phase boundary on the training thread) "
+            "after which a rank reports a hang (an otel_train.hang log record with every "
+            "thread's stack, a console line, the progress gauges); auto: 300, and 1800 until "
+            "the first step ended (compilation, autotuning); off: no watch. An open "
+            "evaluation or checkpoint region may last 10x as long.",
+        },
+    )
     device_timing: str = field(
         default="auto",
         metadata={

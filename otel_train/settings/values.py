@@ -84,6 +84,22 @@ def optional_float(lo: float, hi: float) -> Callable[[str, Any], float | None]:
     return parse
 
 
+def seconds_or(*words: str, lo: float, hi: float) -> Callable[[str, Any], float | str]:
+    """Seconds from ``lo`` to ``hi``, or one of ``words`` (as given, lowercased)."""
+    number = float_range(lo, hi)
+
+    def parse(name: str, value: Any) -> float | str:
+        if isinstance(value, str) and value.strip().lower() in words:
+            return value.strip().lower()
+        try:
+            return number(name, value)
+        except ConfigError:
+            shown_words = ", ".join(f"'{w}'" for w in words)
+            raise ConfigError(f"must be {shown_words} or seconds from {lo:g} to {hi:g}") from None
+
+    return parse
+
+
 def optional_str(name: str, value: Any) -> str | None:
     if value is None:
         return None

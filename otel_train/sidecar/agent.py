@@ -28,6 +28,7 @@ from ..export.setup import build_own
 from ..recording.batch import Shape
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
+from ..recording.hangs import Progress
 from ..recording.instruments import rss_bytes
 from ..recording.recorder import Recorder
 from ..recording.records import replica_stacks, stack_of
@@ -176,6 +177,27 @@ class RemoteProbe:
         pass  # the training process aborts its own probe at shutdown
 
 
+class RemoteHangs:
+    """The hang watch's view of the training process from here (recording/hangs.py): its
+    progress as the feeder's thread last told it, and details asked for over the pipe."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+        self.latest: Progress | None = None
+        self.watch: Any = None  # the HangWatch, set by wiring.build_consumer
+
+    def progress(self) -> Progress | None:
+        return self.latest
+
+    def ask(self, age: float, limit: float) -> None:
+        self._out((wire.HANG_PROBE, age, limit))
+
+    def told(self, progress: tuple[Any, ...], details: dict[str, Any] | None = None) -> None:
+        self.latest = Progress(*progress)
+        if details is not None and self.watch is not None:
+            self.watch.report(details)
+
+
 class Agent:
     def __init__(self, hello: tuple[Any, ...], out: Any) -> None:
         _, settings, version, offset_ns, _parent, record = hello
@@ -193,9 +215,11 @@ class Agent:
             settings, None, self.regions, settings.throughput_window, probe=self.probe
         )
         self.efficiency.model_facts = (0, "fp32", None)  # until the first batch's
+        self.hangs = RemoteHangs(out)
         consumer = build_consumer(
-            settings, self.telemetry, self.source, self.efficiency, version, rank(), offset_ns
-        )
+            settings, self.telemetry, self.source, self.efficiency, version, rank(), offset_ns,
+            hangs=self.hangs,
+        )  # fmt: skip
         self.worker = consumer.worker
         self.worker.start()
 
@@ -226,6 +250,10 @@ class Agent:
             self._out((wire.FLUSHED, message[1], self.stats(), ok))
         elif kind == wire.FIRST:
             self.worker.sampler.trace_first_from(message[1])
+        elif kind == wire.PROGRESS:
+            self.hangs.told(message[1])
+        elif kind == wire.HANG_DETAILS:
+            self.hangs.told(message[2], message[1])
         elif kind == wire.END:
             self.end(message[1])
             return False

@@ -22,6 +22,7 @@ from typing import Any
 from ..recording.batch import StepBlock
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
+from ..recording.hang_details import LocalHangs, hang_label
 from ..recording.records import L_KIND
 from ..recording.regions import RegionLog
 from ..recording.scopes import B_BEGIN
@@ -46,6 +47,7 @@ WRITE_PHASE, EXTRAS_PHASE = 4, 8
 TICK_S = 0.1  # how often the feeder's thread looks whether the training thread pumped
 IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
 START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 1-2 s)
+PROGRESS_S = 1.0  # how often the feeder's thread tells the sidecar's hang watch the progress
 
 
 class SidecarUnavailable(Exception):
@@ -92,6 +94,13 @@ class Feeder:
             why = answer[2] if answer else f"no answer (exit code {self.process.proc.poll()})"
             raise SidecarUnavailable(why)
         source.recorder.handover = self.handover
+        # The hang watch's view of this process (the watch runs in the sidecar): None
+        # when hang_after is off; a probe the sidecar asked for, until answered.
+        self.hangs: LocalHangs | None = None
+        if settings.hang_after != "off":
+            directory = record.directory if record is not None else settings.debug_dir
+            self.hangs = LocalHangs(source.recorder, regions, directory, hang_label())
+        self._probe: tuple[float, float] | None = None
         self._last_pump = time.monotonic()
         self._stop = threading.Event()
         threading.Thread(target=self._tick, name="otel-train-feeder", daemon=True).start()
@@ -105,10 +114,20 @@ class Feeder:
         return self.process.dead
 
     def _tick(self) -> None:
-        """Pump when the training thread has not for a while (it paused, or it ended)."""
+        """Pump when the training thread has not for a while (it paused, or it ended);
+        tell the hang watch the progress every PROGRESS_S, and send the details it asks
+        for (this thread runs while the training thread is stuck in a call that released
+        the GIL)."""
+        told = 0.0
         while not self._stop.wait(TICK_S):
-            if time.monotonic() - self._last_pump >= IDLE_PUMP_S and not self.dead:
+            if self.dead:
+                continue
+            now = time.monotonic()
+            if now - self._last_pump >= IDLE_PUMP_S:
                 self.pump(idle=True)
+            if self.hangs is not None and now - told >= PROGRESS_S:
+                told = now
+                self._hang_messages()
 
     # -- training thread ---------------------------------------------------------------
 
@@ -232,8 +251,28 @@ class Feeder:
         for message in self.process.read():
             self._apply(message)
 
+    def _hang_messages(self) -> None:
+        """PROGRESS, and the details of a HANG_PROBE asked for (on this thread: the
+        training thread may have read the probe, but it never collects them)."""
+        hangs = self.hangs
+        assert hangs is not None
+        probe, self._probe = self._probe, None
+        message: tuple[Any, ...] = (wire.PROGRESS, tuple(hangs.progress()))
+        if probe is not None:
+            message = (wire.HANG_DETAILS, hangs.collect(*probe), message[1])
+        if not self._lock.acquire(blocking=False):
+            self._probe = probe  # (a pump now: next time)
+            return
+        try:
+            self.process.send(message)
+            self.process.write()
+        finally:
+            self._lock.release()
+
     def _apply(self, message: tuple[Any, ...]) -> None:
-        if message[0] == wire.ARM and self.efficiency.probe is not None:
+        if message[0] == wire.HANG_PROBE:
+            self._probe = (message[1], message[2])
+        elif message[0] == wire.ARM and self.efficiency.probe is not None:
             self.efficiency.probe.arm(message[1])
         elif message[0] == wire.IDLE:
             with self.source.recorder._lock:

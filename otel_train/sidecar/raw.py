@@ -27,6 +27,7 @@ from itertools import islice
 from typing import Any
 
 from ..recording.recorder import Recorder
+from ..recording.records import newest_time
 from . import wire
 
 MAX_UNAPPLIED = 1 << 18  # past this (the sidecar stopped reporting), catch up here
@@ -87,6 +88,7 @@ class RawHandover:
         if not n:
             return None
         entries = list(islice(iter(log.popleft, None), n))
+        self.rec.note_progress(newest_time(entries))  # (the hang watch's progress)
         self._unapplied.extend(entries)
         self._sent += n
         if self._acked > self._base:  # (at least as many as came in: the backlog shrinks)

@@ -85,6 +85,10 @@ service:
       receivers: [otlp]
       processors: [{names}]
       exporters: [debug]
+    logs:
+      receivers: [otlp]
+      processors: [{names}]
+      exporters: [debug]
   telemetry:
     metrics:
       level: none

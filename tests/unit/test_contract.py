@@ -4,10 +4,14 @@ declares is emitted (CUDA-only ones excepted on machines without CUDA)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -158,6 +162,21 @@ def test_cuda_only_metrics_say_so() -> None:
         assert "CUDA" in spec.description
 
 
+@contextlib.contextmanager
+def single_rank_group() -> Iterator[Any]:
+    """torch.distributed with a gloo group of one rank on loopback, for the block."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
 def test_every_metric_in_the_contract_is_emitted() -> None:
     """One CPU run exercising everything; the CUDA-only metrics appear only with CUDA."""
     tel = InMemoryTelemetry()
@@ -189,8 +208,9 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
     wait_processed(3)
     with otel_train.phase("generate", parent=carrier) as generate:  # (RL: staleness)
         pass
-    with otel_train.step(samples=4):
+    with otel_train.step(samples=4), single_rank_group() as dist:
         otel_train.consumed(generate.produced(), policy_version=3)
+        dist.barrier()  # a blocking collective (a group of one: it returns at once)
     wait_processed(4)
     # Hold the worker off while 5 more steps finish: with room for 2 pending steps the
     # oldest 3 are dropped (and counted), never waited for.

@@ -34,6 +34,7 @@ BAD = {
     "trace_window_seconds": (0, "nan", "number from 0.01 to 86400"),
     "trace_slowest": (-1, "1001", "integer from 0 to 1000"),
     "device_timing": ("gpu", "", "'auto', 'cuda', 'off'"),
+    "hang_after": (0.5, "soon", "'auto', 'off' or seconds from 1 to 604800"),
     "memory": ("2", "maybe", "true/false"),
     "reset_peak_memory": ("sometimes", "-1", "true/false"),
     "flush_on_sigterm": ("later", "2", "true/false"),
