@@ -166,11 +166,15 @@ def dashboard_queries(name: str) -> list[tuple[str, str]]:
     ]
 
 
-def query_data(stack: Any, expr: str, job: str, start: float) -> list[Any]:
-    """The series of a panel query with $job = ``job`` and every rank, over the run."""
+def query_data(
+    stack: Any, expr: str, job: str, start: float, end: float | None = None
+) -> list[Any]:
+    """The series of a panel query with $job = ``job`` and every rank, over the run (from
+    ``start`` to ``end``, default now)."""
     query = expr.replace("$job", job).replace("$rank", ".*").replace("$__rate_interval", "1m")
+    end = time.time() if end is None else end
     result = prom(
-        stack, "/api/v1/query_range", query=query, start=str(start), end=str(time.time()), step="2"
+        stack, "/api/v1/query_range", query=query, start=str(start), end=str(end), step="2"
     )["result"]
     return [r for r in result if any(v[1] not in ("NaN", "+Inf", "-Inf") for v in r["values"])]
 
