@@ -117,8 +117,8 @@ def test_a_run_record_replays_into_jaeger_and_prometheus(recorded: dict[str, Any
 
 
 def _a_day_back(node: Any, service: str) -> Any:
-    """An OTLP/JSON request with every time (``timeUnixNano``, ``startTimeUnixNano``...) a day earlier and the
-    resource's service.name replaced (a run of its own in the stack)."""
+    """An OTLP/JSON request with every time (``timeUnixNano``, ``startTimeUnixNano``...)
+    a day earlier and the resource's service.name replaced (a run of its own)."""
     if isinstance(node, list):
         return [_a_day_back(x, service) for x in node]
     if not isinstance(node, dict):
