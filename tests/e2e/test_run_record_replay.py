@@ -166,4 +166,3 @@ def test_a_run_recorded_a_day_ago_lands_its_metrics_too(recorded: dict[str, Any]
             continue
         found = poll(lambda e=expr: query_data(stack, e, service, start, end + 60), title)
         assert found, title
-
