@@ -93,13 +93,14 @@ def _number(p: dict[str, Any]) -> float:
 
 
 def _attr(p: dict[str, Any], key: str) -> str:
-    return next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == key)
+    return str(next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == key))
 
 
 def _recorded(run: Path) -> dict[str, Any]:
     """What the record holds, parsed here: between consecutive snapshots samples/s (the
     samples counter's increase over the time between them) and the phases' seconds per
-    step (their sums' increase over the steps counter's); the last steps counter, phase
+    step (their sums' increase over the steps counter's; the first snapshot's since the
+    start); the last steps counter, phase
     call counts, samples over run time, data stall, resident memory; the traced step
     spans."""
     throughput, per_step, calls, last = [], [], {}, {}
@@ -118,9 +119,10 @@ def _recorded(run: Path) -> dict[str, Any]:
             now["phase_seconds"] = sum(float(p["sum"]) for p in phases)
         if before is not None and t > before["t"] and "samples" in now:
             throughput.append((now["samples"] - before["samples"]) / (t - before["t"]))
-            if now["steps"] > before["steps"]:
-                gained = now["phase_seconds"] - before.get("phase_seconds", 0.0)
-                per_step.append(gained / (now["steps"] - before["steps"]))
+        start = before or {"steps": 0.0}  # (the first snapshot: since the start)
+        if "samples" in now and now["steps"] > start["steps"]:
+            gained = now["phase_seconds"] - start.get("phase_seconds", 0.0)
+            per_step.append(gained / (now["steps"] - start["steps"]))
         if "samples" in now:
             before = now
         last.update(now)
