@@ -97,7 +97,11 @@ class BanditLoop:
     def sync_weights(self) -> None:
         self.rollout_policy.load_state_dict(self.policy.state_dict())
 
+    def ask(self) -> None:
+        """Ask for the next rollouts (made in this process: when generate() runs)."""
+
     def run_iteration(self) -> float:
+        self.ask()
         obs, actions, rewards = self.generate()
         loss = self.train_step(obs, actions, rewards)
         self.optim_step()
@@ -140,7 +144,6 @@ class GeneratorLoop(BanditLoop):
         ctx = mp.get_context("spawn")
         self.version = 0  # optimizer steps taken: the policy version
         self.waiting = 0  # rollouts each generator was asked for and has not handed over
-        self.tokens: list[dict[str, str]] = []
         setup = {"weights": self.weights(), "target": self.target,
                  "batch": self.batch // generators, "latency": self.env_latency}  # fmt: skip
         self.queues = [(ctx.Queue(), ctx.Queue()) for _ in range(generators)]
@@ -161,7 +164,8 @@ class GeneratorLoop(BanditLoop):
         """The rollouts requested one step earlier (at the first step, this step's)."""
         got = [results.get(timeout=120) for _, results in self.queues]
         self.waiting -= 1
-        self.tokens = [g[3] for g in got]
+        for *_, token in got:  # made under version k, trained on at this one, j
+            otel_train.consumed(token, policy_version=self.version)
         obs, actions, rewards = (torch.cat([g[i] for g in got]) for i in range(3))
         return obs, actions, rewards
 
@@ -171,20 +175,15 @@ class GeneratorLoop(BanditLoop):
         for work, _ in self.queues:
             work.put(("sync", carrier, self.weights()))
 
-    def run_iteration(self) -> float:
+    def ask(self) -> None:
+        """The next batch from every generator, made while this step learns (two at the
+        first step: one for it, one for the next)."""
         carrier = otel_train.carrier(policy_version=self.version)
-        for work, _ in self.queues:  # the next batch, made while this step learns
-            for _ in range(2 if self.version == 0 else 1):
+        asks = 2 if self.version == 0 else 1
+        for work, _ in self.queues:
+            for _ in range(asks):
                 work.put(("rollout", carrier, None))
-        self.waiting += 2 if self.version == 0 else 1
-        obs, actions, rewards = self.generate()
-        for token in self.tokens:
-            otel_train.consumed(token, policy_version=self.version)
-        loss = self.train_step(obs, actions, rewards)
-        self.optim_step()
-        self.sync_weights()
-        otel_train.record(reward=rewards.mean(), loss=loss)
-        return float(rewards.mean())
+        self.waiting += asks
 
     def close(self) -> None:
         for work, results in self.queues:

@@ -69,7 +69,7 @@ def _trace_model() -> Path:
 def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     tmp_path: Path,
 ) -> None:
-    modules = _trace_model()
+    _trace_model()  # (before the job: fail early without node)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path / "runs"),
                           str(tmp_path / "debug")], env=env, capture_output=True, text=True,
@@ -77,16 +77,7 @@ def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     assert job.returncode == 0, job.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     out = tmp_path / "steps.json"
-    made = subprocess.run([sys.executable, "-m", "otel_train.cli", "timeline", str(run), "-o",
-                           str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    script = tmp_path / "parse.js"
-    script.write_text(PARSE)
-    node_env = {**os.environ, "NODE_PATH": str(modules / "node_modules")}
-    parsed = subprocess.run(["node", str(script), str(out)], capture_output=True, text=True,
-                            timeout=120, env=node_env)  # fmt: skip
-    assert parsed.returncode == 0, parsed.stderr
-    processes: list[dict[str, Any]] = json.loads(parsed.stdout)
+    processes = _parse(tmp_path, run)
     by_name = {p["name"].split(" (")[0]: p for p in processes}
     assert {"rank 0", "rank 0 profiler"} <= set(by_name), list(by_name)
 
