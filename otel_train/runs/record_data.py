@@ -63,6 +63,8 @@ def load_run(run_dir: str | Path) -> Run:
     root = Path(run_dir)
     records = load(root)
     run = Run([r for r in records if not is_other(r)], [r for r in records if is_other(r)])
+    if not run.ranks:  # a generator's own record: its page
+        return Run(records)
     job = next((r.resource.get(c.RESOURCE_JOB.key) for r in run.ranks), None)
     if not job:
         return run

@@ -79,8 +79,11 @@ def running_stack(run_dir: Path, **env_extra: str) -> Iterator[dict[str, Any]]:
     env = dict(os.environ)
     ports = {}
     for name in PORT_NAMES:
-        ports[name] = free_port()
-        env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(ports[name])
+        port = free_port()
+        while port in ports.values():  # (the OS may hand a released port out again)
+            port = free_port()
+        ports[name] = port
+        env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(port)
     env["OTEL_TRAIN_STACK_RUN"] = str(run_dir)
     env.update(env_extra)
     up = subprocess.run([*STACK, "up"], env=env, capture_output=True, text=True, timeout=300)
