@@ -445,12 +445,14 @@ def rl_loop() -> dict[str, Any]:
         ),
     ]
     panels += cross_process_panels(24)
-    jobs = f'{n(c.PHASE_DURATION)}{{{OTLP}, phase=~"{RL_ONLY}"}}'  # RL jobs only
+    # RL trainers only: a generator's rollouts show in its trainer's panels.
+    jobs = f'{n(c.PHASE_DURATION)}{{{OTLP}, phase=~"{RL_ONLY}", otel_train_role!="generator"}}'
     return dashboard("otel-train-rl", "otel-train: RL loop", panels, ["rl"], jobs)
 
 
 # Panels of a trainer ($job) with generator processes (role generator) beside it; their
-# queries are checked against a live two-process run in tests/e2e/test_carrier_e2e.py.
+# queries are checked against live runs with generators in tests/e2e/test_carrier_e2e.py
+# and tests/e2e/test_stack_e2e.py (examples/rl_loop.py --generators 2).
 CROSS_PROCESS_PANELS = ("Generator against trainer time per step", "Policy staleness")
 
 

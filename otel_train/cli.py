@@ -8,6 +8,7 @@ Usage::
     otel-train replay RUN_DIR             # send a run record to a Collector (OTLP/HTTP)
     otel-train report RUN_DIR [-o FILE]   # one offline HTML page from a run record
     otel-train report --serve RUN_DIR     # the same page on 127.0.0.1, refreshed
+    otel-train report --prometheus URL --jaeger URL --job JOB  # a job in a live stack
     otel-train timeline RUN_DIR -o F.json # traced steps for Perfetto / chrome://tracing
 """
 
@@ -168,14 +169,45 @@ def _timeline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``6h``, ``2d`` in seconds (argparse's type for --last)."""
+    unit = text[-1:] if text[-1:] in _SECONDS else "s"
+    number = text[:-1] if text[-1:] in _SECONDS else text
+    try:
+        seconds = float(number) * _SECONDS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds or 30m, 6h, 2d") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return seconds
+
+
+def _report(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .runs import report
 
+    if (args.run_dir is None) == (args.prometheus is None):
+        p.error("give a run directory, or --prometheus URL --job JOB (a live stack)")
+    if args.prometheus is None and (args.jaeger or args.job):
+        p.error("--jaeger and --job go with --prometheus")
+    if args.prometheus is not None and not args.job:
+        p.error("--prometheus needs --job (the job label: the service name)")
+
+    def live(refresh_s: int | None = None) -> str:
+        return report.render_live(args.prometheus, args.jaeger, args.job, args.last, refresh_s)
+
     try:
-        if not args.serve:
+        if not args.serve and args.run_dir is not None:
             print(f"otel-train report: wrote {report.write(args.run_dir, args.output)}")
             return 0
-        server, thread = report.serve(args.run_dir, args.port)
+        if not args.serve:
+            out = Path(args.output or f"report-{args.job.replace('/', '_')}.html")
+            out.write_text(live(), encoding="utf-8")
+            print(f"otel-train report: wrote {out}")
+            return 0
+        server, thread = report.serve(args.run_dir, args.port, None if args.run_dir else live)
     except (OSError, ValueError) as err:
         print(f"otel-train report: {err}", file=sys.stderr)
         return 1
@@ -208,11 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--endpoint", default=None,
                    help="OTLP/HTTP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT, else "
                    "http://127.0.0.1:4318)")  # fmt: skip
-    p = sub.add_parser("report", help="write (or serve) the HTML report of a run record")
-    p.add_argument("run_dir", help="a run directory otel-train wrote")
-    p.add_argument("-o", "--output", default=None, help="default RUN_DIR/report.html")
+    p = sub.add_parser("report", help="write (or serve) the HTML report of a run record, "
+                       "or of a job in a live stack")  # fmt: skip
+    p.add_argument("run_dir", nargs="?", help="a run directory otel-train wrote")
+    p.add_argument("-o", "--output", default=None,
+                   help="default RUN_DIR/report.html (live: report-<job>.html)")  # fmt: skip
     p.add_argument("--serve", action="store_true", help="serve it on 127.0.0.1 instead")
     p.add_argument("--port", type=int, default=8150, help="with --serve (0: any free port)")
+    p.add_argument("--prometheus", metavar="URL", help="read JOB from this Prometheus instead")
+    p.add_argument("--jaeger", metavar="URL", help="with --prometheus: traces from this Jaeger")
+    p.add_argument("--job", help="with --prometheus: the job label (namespace/service)")
+    p.add_argument("--last", type=_duration, default=3600.0,
+                   help="with --prometheus: how far back (30m, 6h, 2d; default 1h)")  # fmt: skip
     t = sub.add_parser("timeline", help="the traced steps as a Chrome trace (Perfetto)")
     t.add_argument("run_dir", help="a run directory otel-train wrote")
     t.add_argument("-o", "--output", default=None, help="default RUN_DIR/steps.json")
@@ -224,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay":
         return _replay(args)
     if args.command == "report":
-        return _report(args)
+        return _report(p, args)
     from .contract import render_markdown
 
     sys.stdout.write(render_markdown())

@@ -60,9 +60,14 @@ class RecordPlan:
 def plan(settings: Settings, service_name: str) -> RecordPlan | None:
     if settings.run_dir == "off":
         return None
-    name = f"{_safe(service_name)}-{_safe(run_id() or _start_stamp())}"
+    name = directory_name(service_name, run_id() or _start_stamp())
     directory = os.path.abspath(os.path.join(settings.run_dir, name))
     return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024)
+
+
+def directory_name(service_name: str, run: str) -> str:
+    """A run record's directory name: ``<service>-<run id or start time>``."""
+    return f"{_safe(service_name)}-{_safe(run)}"
 
 
 def _safe(text: str) -> str:

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract as c
-from .record_data import Histogram, RankRecord
+from .histogram import Histogram
+from .record_data import RankRecord
 
 MIN_BIN_S = 1.0
+MAX_BINS = 1500  # a long run's bins widen to keep the page small
 
 
 @dataclass
@@ -33,7 +35,9 @@ class Binned:
 def bin_width(ranks: list[RankRecord]) -> float:
     gaps = [b.t - a.t for r in ranks for a, b in zip(r.snapshots, r.snapshots[1:], strict=False)]
     gaps = sorted(g for g in gaps if g > 0)
-    return max(MIN_BIN_S, gaps[len(gaps) // 2]) if gaps else MIN_BIN_S
+    times = [s.t for r in ranks for s in r.snapshots]
+    span = (max(times) - min(times)) / MAX_BINS if times else 0.0
+    return max(MIN_BIN_S, span, gaps[len(gaps) // 2] if gaps else 0.0)
 
 
 def time_bins(ranks: list[RankRecord], width: float) -> tuple[float, int]:
@@ -79,7 +83,7 @@ def histograms(ranks: list[RankRecord], name: str, start: float, width: float, n
             for attrs, h in step.items():
                 label = dict(attrs).get(by, "") if by else ""
                 col = out[str(label)]
-                col[i] = h if col[i] is None else _add(col[i], h)
+                col[i] = _plus(col[i], h)
     return dict(out)
 
 
@@ -89,15 +93,12 @@ def sum_columns(columns: list[list[Histogram | None]], n: int) -> list[Histogram
     for col in columns:
         for i, h in enumerate(col):
             if h is not None:
-                out[i] = _add(out[i], h)
+                out[i] = _plus(out[i], h)
     return out
 
 
-def _add(a: Histogram | None, b: Histogram) -> Histogram:
-    if a is None or a.bounds != b.bounds:
-        return b
-    counts = [x + y for x, y in zip(a.counts, b.counts, strict=True)]
-    return Histogram(a.count + b.count, a.total + b.total, a.bounds, counts)
+def _plus(a: Histogram | None, b: Histogram) -> Histogram:
+    return b if a is None else a.plus(b)
 
 
 def gauges(ranks: list[RankRecord], name: str, start: float, width: float, n: int,
@@ -170,6 +171,24 @@ def last_values(rank: RankRecord, name: str) -> dict[tuple[Any, ...], Any]:
         if found:
             return found
     return {}
+
+
+def run_histogram(ranks: list[RankRecord], name: str,
+                  by: str | None = None) -> dict[str, Histogram]:  # fmt: skip
+    """The ranks' last cumulative histograms of ``name``, summed (by attribute ``by``,
+    else one, under "")."""
+    out: dict[str, Histogram] = {}
+    for rank in ranks:
+        for attrs, h in last_values(rank, name).items():
+            if isinstance(h, Histogram):
+                label = str(dict(attrs).get(by, "")) if by else ""
+                out[label] = _plus(out.get(label), h)
+    return out
+
+
+def by_category(values: Values | None) -> dict[str, float]:
+    """Run-time counter values by their category."""
+    return {str(dict(k).get(c.A_CATEGORY, "")): v for k, v in (values or {}).items()}
 
 
 def step_quantiles(h: list[Histogram | None], q: float) -> list[float | None]:

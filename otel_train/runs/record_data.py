@@ -2,55 +2,22 @@
 
 The OTLP/JSON lines (export/record.py) are flattened into plain values: a snapshot is
 one metric export (every metric at one time), keyed by (metric name, attribute items);
-a histogram's value is its :class:`Histogram`. Spans keep OTLP/JSON's fields, with
-their attributes as a dict.
+a histogram's value is its :class:`~.histogram.Histogram`. Spans keep OTLP/JSON's
+fields, with their attributes as a dict.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import contract as c
+from ..export.record import directory_name
 from .files import record_parts, requests
+from .histogram import Histogram
 
 Key = tuple[str, tuple[tuple[str, Any], ...]]
-
-
-@dataclass
-class Histogram:
-    """Cumulative counts: ``bounds`` upper bounds (explicit or exponential buckets)."""
-
-    count: float
-    total: float
-    bounds: list[float]
-    counts: list[float]  # per bucket; one more than bounds (the +Inf bucket)
-
-    def minus(self, older: Histogram | None) -> Histogram:
-        if older is None or older.bounds != self.bounds:
-            return self
-        return Histogram(
-            self.count - older.count,
-            self.total - older.total,
-            self.bounds,
-            [a - b for a, b in zip(self.counts, older.counts, strict=True)],
-        )
-
-    def quantile(self, q: float) -> float | None:
-        """Linear within the bucket, as Prometheus's histogram_quantile."""
-        if self.count <= 0:
-            return None
-        rank, seen, lower = q * self.count, 0.0, 0.0
-        for i, n in enumerate(self.counts):
-            upper = self.bounds[i] if i < len(self.bounds) else math.inf
-            if n > 0 and seen + n >= rank:
-                if math.isinf(upper):
-                    return lower
-                return lower + (upper - lower) * (rank - seen) / n
-            seen += n
-            lower = upper if not math.isinf(upper) else lower
-        return lower
 
 
 @dataclass
@@ -68,7 +35,51 @@ class RankRecord:
 
     @property
     def rank(self) -> int:
-        return int(self.resource.get("otel_train.rank", 0))
+        return int(self.resource.get(c.RESOURCE_RANK.key, 0))
+
+    @property
+    def role(self) -> str:
+        return str(self.resource.get(c.RESOURCE_ROLE.key) or "")
+
+
+@dataclass
+class Run:
+    """A run's records: its ranks, and the other processes of the run (a role other than
+    trainer: generators) that recorded beside them, in the same directory or in one of
+    their own next to it (the same run id: ``<service>-<run id>``)."""
+
+    ranks: list[RankRecord]
+    others: list[RankRecord] = field(default_factory=list)
+
+
+def is_other(record: RankRecord) -> bool:
+    """Whether the record is of another process of the run than its ranks (a role other
+    than trainer)."""
+    return record.role not in ("", "trainer")
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """The run of the record in ``run_dir``, with its other processes."""
+    root = Path(run_dir)
+    records = load(root)
+    run = Run([r for r in records if not is_other(r)], [r for r in records if is_other(r)])
+    if not run.ranks:  # a generator's own record: its page
+        return Run(records)
+    job = next((r.resource.get(c.RESOURCE_JOB.key) for r in run.ranks), None)
+    if not job:
+        return run
+    suffix = directory_name("", str(job))  # "-<run id>"
+    for sibling in sorted(root.resolve().parent.glob(f"*{suffix}")):
+        if not sibling.is_dir() or sibling == root.resolve():
+            continue
+        try:
+            found = load(sibling)
+        except OSError:  # no record in it
+            continue
+        run.others += [
+            r for r in found if is_other(r) and r.resource.get(c.RESOURCE_JOB.key) == job
+        ]
+    return run
 
 
 def attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -101,11 +112,16 @@ def load(run_dir: str | Path) -> list[RankRecord]:
 
 def _spans(rec: RankRecord, req: dict[str, Any]) -> None:
     for rs in req.get("resourceSpans", []):
-        rec.resource = rec.resource or attributes(rs.get("resource", {}).get("attributes"))
-        for ss in rs.get("scopeSpans", []):
-            for span in ss.get("spans", []):
-                span["attributes"] = attributes(span.get("attributes"))
-                rec.spans.append(span)
+        add_spans(rec, rs)
+
+
+def add_spans(rec: RankRecord, rs: dict[str, Any]) -> None:
+    """The spans of one OTLP/JSON ``resourceSpans`` item, into ``rec``."""
+    rec.resource = rec.resource or attributes(rs.get("resource", {}).get("attributes"))
+    for ss in rs.get("scopeSpans", []):
+        for span in ss.get("spans", []):
+            span["attributes"] = attributes(span.get("attributes"))
+            rec.spans.append(span)
 
 
 def _snapshot(rec: RankRecord, req: dict[str, Any]) -> None:

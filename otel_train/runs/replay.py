@@ -3,8 +3,9 @@
 Each line of a record file is an OTLP/JSON export request; the Collector's OTLP/HTTP
 receiver takes it as it is (``Content-Type: application/json`` on ``/v1/traces`` and
 ``/v1/metrics``), so a replay changes nothing on the way: spans keep their ids and
-times, metric points their timestamps (Prometheus refuses points older than its
-``out_of_order_time_window``).
+times, metric points their timestamps (Prometheus takes points older than its newest
+within its ``out_of_order_time_window``: 7 d in deploy/, so a run recorded days ago
+replays with its metrics).
 """
 
 from __future__ import annotations

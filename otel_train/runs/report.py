@@ -1,4 +1,6 @@
-"""``otel-train report RUN_DIR``: one self-contained HTML page from a run record.
+"""``otel-train report RUN_DIR``: one self-contained HTML page from a run record (or,
+``--prometheus URL [--jaeger URL] --job JOB``, from a live stack: live.py gives the same
+run the record does, and the page is drawn by the same code).
 
 Everything the page needs travels inside it: the data as JSON, uPlot (MIT, bundled in
 ``assets/``, version below), the page's own script and style. It makes no network
@@ -12,16 +14,19 @@ from __future__ import annotations
 import html
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .live import fetch_run
 from .page_data import page_data
-from .record_data import load
+from .record_data import Run, load_run
 
 UPLOT_VERSION = "1.6.32"  # npm uplot, MIT licence (assets/uPlot.LICENSE)
 REFRESH_S = 5
+SCRIPTS = ("uPlot.iife.min.js", "charts.js", "report.js")  # in this order
 
 
 def _asset(name: str) -> str:
@@ -35,17 +40,21 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
 
 
-def render(run_dir: str | Path, refresh_s: int | None = None) -> str:
-    """The page for ``run_dir`` (``refresh_s``: reload itself that often, when served)."""
-    run = Path(run_dir)
-    ranks = load(run)
-    data = page_data(ranks, run.name)
-    title = html.escape(f"otel-train run {run.name}")
+def page(run: Run, name: str, refresh_s: int | None = None, source: str = "") -> str:
+    """The page of ``run`` (``name``: its run directory's, or the job's; ``refresh_s``:
+    reload itself that often; ``source``: where the data came from, for the header)."""
+    data = page_data(run, name)
+    title = html.escape(f"otel-train report: {name}")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    records = [*run.ranks, *run.others]
+    roles = sorted({r.role for r in run.others})
+    others = f" and {len(run.others)} other process(es) ({', '.join(roles)})" if roles else ""
     meta = html.escape(
-        f"{len(ranks)} rank(s); {sum(len(r.snapshots) for r in ranks)} metric snapshots, "
-        f"{sum(len(r.spans) for r in ranks)} spans; bins of {data['bin_seconds']:.3g} s"
+        f"{source}{len(run.ranks)} rank(s){others}; "
+        f"{sum(len(r.snapshots) for r in records)} metric snapshots, "
+        f"{sum(len(r.spans) for r in records)} spans; bins of {data['bin_seconds']:.3g} s"
     )
+    scripts = "".join(f"<script>{_asset(a)}</script>" for a in SCRIPTS)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{title}</title>{refresh}"
@@ -53,9 +62,22 @@ def render(run_dir: str | Path, refresh_s: int | None = None) -> str:
         f'</head><body><h1>{title}</h1><p class="meta">{meta}. Plots: uPlot '
         f'{UPLOT_VERSION} (MIT).</p><div id="report"></div>'
         f'<script id="report-data" type="application/json">{_script_json(data)}</script>'
-        f"<script>{_asset('uPlot.iife.min.js')}</script>"
-        f"<script>{_asset('report.js')}</script></body></html>\n"
+        f"{scripts}</body></html>\n"
     )
+
+
+def render(run_dir: str | Path, refresh_s: int | None = None) -> str:
+    """The page for ``run_dir`` and the run's other processes recorded beside it."""
+    run = Path(run_dir)
+    return page(load_run(run), run.name, refresh_s)
+
+
+def render_live(prometheus: str, jaeger: str | None, job: str, seconds: float,
+                refresh_s: int | None = None) -> str:  # fmt: skip
+    """The page for ``job`` from a live stack (live.py): its last ``seconds``."""
+    run = fetch_run(prometheus, jaeger, job, seconds)
+    source = f"job {job} from {prometheus}" + (f" and {jaeger}" if jaeger else "")
+    return page(run, job, refresh_s, source=f"{source}, the last {seconds:g} s: ")
 
 
 def write(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -65,9 +87,12 @@ def write(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-def serve(run_dir: str | Path, port: int = 0) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Serve the page on 127.0.0.1:``port`` (0: any free port) from a daemon thread."""
-    run = Path(run_dir)
+def serve(
+    run_dir: str | Path | None, port: int = 0, render_page: Callable[[int], str] | None = None
+) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Serve the page on 127.0.0.1:``port`` (0: any free port) from a daemon thread,
+    rebuilt at each request: from ``run_dir``, or by ``render_page(refresh_s)``."""
+    make = render_page or (lambda refresh: render(str(run_dir), refresh_s=refresh))
 
     class Page(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -75,7 +100,7 @@ def serve(run_dir: str | Path, port: int = 0) -> tuple[ThreadingHTTPServer, thre
                 self.send_error(404)
                 return
             try:
-                body = render(run, refresh_s=REFRESH_S).encode()
+                body = make(REFRESH_S).encode()
                 code = 200
             except (OSError, ValueError) as err:
                 body, code = f"no report yet: {html.escape(str(err))}".encode(), 503

@@ -1,13 +1,18 @@
 """The run summary in the console's table form, from a rank's last metric snapshot:
 cumulative time per phase with its share of wall time, calls, and peak memory per phase
-with its share of the device."""
+with its share of the device; then the run's other processes' phases (a generator's
+rollouts: ``rollout [generator]``, from its own record), which take no share of the
+trainer's wall time (they ran beside it)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .. import contract as c
 from ..recording.console import fmt_bytes, fmt_seconds
 from . import figures as f
-from .record_data import Histogram, RankRecord
+from .histogram import Histogram
+from .record_data import RankRecord
 
 
 def phase_depths(rank: RankRecord) -> dict[str, int]:
@@ -37,7 +42,28 @@ def peak_memory(rank: RankRecord) -> dict[str, float]:
     return peaks
 
 
-def summary_text(rank: RankRecord) -> str:
+def remote_rows(
+    others: Sequence[RankRecord],
+) -> dict[str, tuple[float, float, float | None, float]]:
+    """The other processes' outermost phases (a generator's rollouts, under the trainer's
+    steps), by ``name [role]``: (seconds, calls, peak allocated, their device's memory)."""
+    rows: dict[str, tuple[float, float, float | None, float]] = {}
+    for other in others:
+        depths, peaks = phase_depths(other), peak_memory(other)
+        limit = max(f.last_values(other, c.DEVICE_MEMORY_LIMIT.name).values(), default=0.0)
+        for attrs, h in f.last_values(other, c.PHASE_DURATION.name).items():
+            name = str(dict(attrs).get(c.A_PHASE))
+            if not isinstance(h, Histogram) or depths.get(name, 0):
+                continue
+            key = f"{name} [{other.role}]"
+            seconds, calls, peak, device = rows.get(key, (0.0, 0.0, None, 0.0))
+            mine = peaks.get(name)
+            peak = mine if peak is None else max(peak, mine or 0.0)
+            rows[key] = (seconds + h.total, calls + h.count, peak, max(device, limit))
+    return rows
+
+
+def summary_text(rank: RankRecord, others: Sequence[RankRecord] = ()) -> str:
     steps = sum(f.last_values(rank, c.STEPS.name).values())
     wall = sum(f.last_values(rank, c.RUN_TIME.name).values())
     limit = max(f.last_values(rank, c.DEVICE_MEMORY_LIMIT.name).values(), default=0.0)
@@ -57,5 +83,9 @@ def summary_text(rank: RankRecord) -> str:
         device = f"{100.0 * peak / limit:.1f}%" if peak is not None and limit else "-"
         label = "  " * depths.get(name, 0) + name
         lines.append(f"{label:<24}{fmt_seconds(h.total):>12}{share}{h.count:>8.0f}"
+                     f"{fmt_bytes(peak):>13}{device:>10}")  # fmt: skip
+    for label, (seconds, calls, peak, limit) in sorted(remote_rows(others).items()):
+        device = f"{100.0 * peak / limit:.1f}%" if peak is not None and limit else "-"
+        lines.append(f"{label:<24}{fmt_seconds(seconds):>12}{'-':>9}{calls:>8.0f}"
                      f"{fmt_bytes(peak):>13}{device:>10}")  # fmt: skip
     return "\n".join(lines)

@@ -1,13 +1,15 @@
 """``otel-train timeline RUN_DIR -o steps.json``: the traced steps in the Chrome trace
 event format, which Perfetto UI and ``chrome://tracing`` open.
 
-One process track per rank (pid rank + 1); on its ``steps`` thread each traced step is a complete
-("X") event with its phases nested inside it by time, their attributes as args; where a
-phase has device time, the same phase on the ``device`` thread lasts its device
-duration. A step covered by ``profile_steps`` names the profiler's trace file in a span
-event; that file's events are merged in as a process of their own per rank, below the
-rank's step tracks and moved onto the same clock (Kineto writes its timestamps relative
-to its ``baseTimeNanoseconds``; ours are Unix microseconds).
+One process track per rank (pid rank + 1); on its ``steps`` thread each traced step is
+a complete ("X") event with its phases nested inside it by time, their attributes as
+args; where a phase has device time, the same phase on the ``device`` thread lasts its
+device duration. A step covered by ``profile_steps`` names the profiler's trace file in
+a span event; that file's events are merged in as a process of their own per rank,
+below the rank's step tracks and moved onto the same clock (Kineto writes its timestamps
+relative to its ``baseTimeNanoseconds``; ours are Unix microseconds). The run's other
+processes (generators recorded beside it: record_data.Run) come last, a process track
+each, their phases named as in the console: ``rollout [generator]``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract as c
-from .record_data import RankRecord, attributes, load
+from .record_data import RankRecord, attributes, load_run
 
 STEPS_TID, DEVICE_TID = 1, 2
 PROFILER_PID_BASE = 1_000_000  # profiler processes: this + rank
+OTHER_PID_BASE = 2_000_000  # the run's other processes (generators): this + their index
 _PROFILE_PATH = c.PROFILE_EVENT_ATTRIBUTES[0].key  # the profiler trace's path
 _META = "__metadata"  # the category Chrome gives its metadata events
 
@@ -42,18 +45,22 @@ def _meta(pid: int, name: str, sort: int, threads: dict[int, str]) -> list[dict[
     return out
 
 
-def _rank_events(rank: RankRecord) -> tuple[list[dict[str, Any]], set[str]]:
-    """The rank's span events, and the profiler traces its steps name."""
-    pid = rank.rank + 1  # (pid 0 reads as "no process" to some readers)
-    events = _meta(pid, f"rank {rank.rank} ({rank.resource.get('service.name', '')})",
-                   2 * rank.rank, {STEPS_TID: "steps (host)", DEVICE_TID: "device"})  # fmt: skip
+def _rank_events(rank: RankRecord, pid: int, name: str,
+                 sort: int) -> tuple[list[dict[str, Any]], set[str]]:  # fmt: skip
+    """The rank's (or other process's) span events, and the profiler traces its steps
+    name. Another process's phases read ``name [role]``, as in the console."""
+    threads = {STEPS_TID: "steps (host)" if not rank.role or rank.role == "trainer"
+               else f"phases [{rank.role}] (host)", DEVICE_TID: "device"}  # fmt: skip
+    service = rank.resource.get("service.name", "")
+    events = _meta(pid, f"{name} ({service})", sort, threads)
+    suffix = f" [{rank.role}]" if threads[STEPS_TID].startswith("phases") else ""
     profiles: set[str] = set()
     for span in rank.spans:
         a = span["attributes"]
         start, end = _us(span["startTimeUnixNano"]), _us(span["endTimeUnixNano"])
         is_step = span["name"] == c.STEP_SPAN.name
         args = {k: str(v) for k, v in a.items()}
-        events.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "name": span["name"],
+        events.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "name": span["name"] + suffix,
                        "cat": "step" if is_step else "phase", "ts": start,
                        "dur": max(0.0, end - start), "args": args})  # fmt: skip
         device = a.get(c.STEP_DEVICE_DURATION.key if is_step else c.PHASE_DEVICE_DURATION.key)
@@ -92,8 +99,13 @@ def _profiler_events(path: str, rank: int) -> list[dict[str, Any]]:
 def timeline(run_dir: str | Path) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     merged = []
-    for rank in load(run_dir):
-        own, profiles = _rank_events(rank)
+    run = load_run(run_dir)
+    for i, other in enumerate(run.others):  # below the ranks and their profiler traces
+        pid = OTHER_PID_BASE + i
+        events += _rank_events(other, pid, f"{other.role} {i}", 2 * OTHER_PID_BASE + i)[0]
+    for rank in run.ranks:
+        # (pid 0 reads as "no process" to some readers)
+        own, profiles = _rank_events(rank, rank.rank + 1, f"rank {rank.rank}", 2 * rank.rank)
         events += own
         for path in sorted(profiles):
             profiler = _profiler_events(path, rank.rank)

@@ -30,6 +30,7 @@ EXAMPLE_RUNS = [
     # Its default run spans several metric export intervals (about 30 s): the
     # end-to-end stack test runs that one; here a short run.
     ("rl_loop.py", ["--iterations", "20"]),
+    ("rl_loop.py", ["--iterations", "20", "--generators", "1"]),  # and its generator's name
     pytest.param("hf_trainer.py", [], marks=_needs("transformers")),
     pytest.param("lightning_fit.py", [], marks=_needs("lightning")),
 ]
@@ -67,7 +68,10 @@ def service_names(collector: Any) -> set[str]:
 
 @pytest.mark.parametrize(("script", "args"), EXAMPLE_RUNS)
 def test_example_runs_and_prints_the_summary(script: str, args: list[str]) -> None:
-    assert "otel-train run summary" in run_example(script, args)
+    out = run_example(script, args)
+    assert "otel-train run summary" in out
+    if "--generators" in args:  # the generator's rollouts, as the trainer consumed them
+        assert re.search(r"^rollout \[generator\] .* - +20 ", out, re.M), out[-3000:]
 
 
 @pytest.mark.stack
@@ -78,7 +82,8 @@ def test_example_exports_under_the_service_the_environment_names(
     name = f"example-{uuid.uuid4().hex[:8]}"
     run_example(script, args, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                 OTEL_SERVICE_NAME=name)  # fmt: skip
-    assert service_names(collector) == {name}
+    generators = [f"{name}-generator-0"] if "--generators" in args else []
+    assert service_names(collector) == {name, *generators}
 
 
 @pytest.mark.stack

@@ -79,8 +79,11 @@ def running_stack(run_dir: Path, **env_extra: str) -> Iterator[dict[str, Any]]:
     env = dict(os.environ)
     ports = {}
     for name in PORT_NAMES:
-        ports[name] = free_port()
-        env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(ports[name])
+        port = free_port()
+        while port in ports.values():  # (the OS may hand a released port out again)
+            port = free_port()
+        ports[name] = port
+        env[f"OTEL_TRAIN_STACK_{name}_PORT"] = str(port)
     env["OTEL_TRAIN_STACK_RUN"] = str(run_dir)
     env.update(env_extra)
     up = subprocess.run([*STACK, "up"], env=env, capture_output=True, text=True, timeout=300)
@@ -166,11 +169,15 @@ def dashboard_queries(name: str) -> list[tuple[str, str]]:
     ]
 
 
-def query_data(stack: Any, expr: str, job: str, start: float) -> list[Any]:
-    """The series of a panel query with $job = ``job`` and every rank, over the run."""
+def query_data(
+    stack: Any, expr: str, job: str, start: float, end: float | None = None
+) -> list[Any]:
+    """The series of a panel query with $job = ``job`` and every rank, over the run (from
+    ``start`` to ``end``, default now)."""
     query = expr.replace("$job", job).replace("$rank", ".*").replace("$__rate_interval", "1m")
+    end = time.time() if end is None else end
     result = prom(
-        stack, "/api/v1/query_range", query=query, start=str(start), end=str(time.time()), step="2"
+        stack, "/api/v1/query_range", query=query, start=str(start), end=str(end), step="2"
     )["result"]
     return [r for r in result if any(v[1] not in ("NaN", "+Inf", "-Inf") for v in r["values"])]
 

@@ -296,7 +296,7 @@ def test_the_rl_dashboards_cross_process_panels_have_data(
     run: dict[str, Any], panel: str, expr: str
 ) -> None:
     """The RL dashboard's generator-against-trainer and staleness panels, as Grafana
-    would query them with $job the trainer (the stack e2e's RL run has no generator)."""
+    would query them with $job the trainer (test_stack_e2e.py: the RL example's)."""
     stack, job = run["stack"], run["names"]["trainer"]
     found = poll(lambda: query_data(stack, expr, job, run["start"]), f"data for {panel}")
     if "generator" in expr:  # the generator's rollouts and weight syncs, by phase

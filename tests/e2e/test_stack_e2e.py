@@ -4,13 +4,16 @@ built by ``scripts/stack build``, started from the deploy/ configs.
 Three instrumented training runs export over OTLP/HTTP to the Collector: a plain loop,
 which also serves the in-process ``/metrics`` on the port this stack's Prometheus
 scrapes; the demo (``otel-train demo``, what ``make demo`` runs); and
-``examples/rl_loop.py`` at its default length with the default metric export interval.
-The last two run as a user runs them, told where the Collector is and their names by the
-standard variables. Then: Jaeger's ``/api/v3/traces`` holds their step -> phase trees,
-Prometheus holds the phase duration, memory and throughput series with exemplars pointing
-at those traces, every query of every dashboard panel returns data for each job it is
-meant for, and the dashboards' variables offer those jobs and no other. Stopping the
-stack leaves no process behind.
+``examples/rl_loop.py --generators 2`` (a trainer and two generator processes) at its
+default length with the default metric export interval. The last two run as a user runs
+them, told where the Collector is and their names by the standard variables. Then:
+Jaeger's ``/api/v3/traces`` holds their step -> phase trees (the RL steps with the
+generators' rollouts and weight syncs in them), Prometheus holds the phase duration,
+memory and throughput series with exemplars pointing at those traces, the figures
+Prometheus derives (contract.DERIVED) equal what the runs' own counters give, every
+query of every dashboard panel returns data for each job it is meant for, and the
+dashboards' variables offer those jobs and no other. Stopping the stack leaves no
+process behind.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import pytest
 from stack_helpers import (
     attrs,
     dashboard_queries,
+    jaeger_chunks,
     jaeger_traces,
     poll,
     prom,
@@ -42,6 +46,7 @@ from otel_train import contract as c
 ROOT = Path(__file__).resolve().parents[2]
 RL_EXAMPLE = ROOT / "examples" / "rl_loop.py"
 DEMO_STEPS = 200  # a few seconds on a CPU: several 0.5 s metric export intervals
+GENERATORS = 2  # the RL example's generator processes
 pytestmark = pytest.mark.stack
 
 PLAIN = textwrap.dedent("""
@@ -112,14 +117,18 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
         return subprocess.Popen(
             [sys.executable, *args],
             env=env,
+            cwd=tmp,  # (their run records)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
 
-    # The RL example as a user runs it: its default length, the default 10 s export
-    # interval; it must span several intervals for the dashboards' rate()s to have data.
-    rl_job = start_job([str(RL_EXAMPLE)], job_env(stack, rl, False, None))
+    # The RL example as a user runs it, with generator processes: its default length, the
+    # default 10 s export interval; it must span several intervals for the dashboards'
+    # rate()s to have data.
+    rl_job = start_job(
+        [str(RL_EXAMPLE), "--generators", str(GENERATORS)], job_env(stack, rl, False, None)
+    )
     # The demo as `make demo` runs it, with its console. --cpu: the CPU-run assertions
     # below hold on a GPU machine too. A CPU has no datasheet peak: MFU needs one, given
     # through the environment as a user would, like the plain run's peak_tflops.
@@ -144,6 +153,7 @@ def runs(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     return {
         "plain": plain,
         "rl": rl,
+        "generators": [f"{rl}-generator-{i}" for i in range(GENERATORS)],
         "demo": demo,
         "start": start,
         "steps": {"plain": 40, "rl": int(iterations.group(1)), "demo": DEMO_STEPS},
@@ -175,6 +185,7 @@ def test_jaeger_holds_the_step_phase_trees(
     spans = poll(steps_seen, f"{n} step traces of {runs[kind]} in Jaeger")
     roots = [s for s in spans if s["name"] == c.STEP_SPAN.name]
     assert sorted(int(attrs(r)[c.STEP_INDEX.key]) for r in roots) == list(range(n))
+    service = _services(stack, runs[kind], runs["start"])
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
         by_trace.setdefault(s["traceId"], []).append(s)
@@ -182,7 +193,9 @@ def test_jaeger_holds_the_step_phase_trees(
         assert not root.get("parentSpanId")
         kids = [s for s in by_trace[root["traceId"]] if s.get("parentSpanId") == root["spanId"]]
         assert {k["name"] for k in kids} == phases
-        for k in kids:
+        own = [k for k in kids if service[k["spanId"]] == runs[kind]]
+        assert {k["name"] for k in own} == phases
+        for k in own:
             a = attrs(k)
             assert a[c.PHASE_NAME.key] == k["name"]
             assert a[c.PHASE_CLOCK.key] == "host"
@@ -190,10 +203,29 @@ def test_jaeger_holds_the_step_phase_trees(
             assert c.PHASE_DEVICE_DURATION.key not in a  # CPU run: absent, never zero
             assert int(k["startTimeUnixNano"]) >= int(root["startTimeUnixNano"])
             assert int(k["endTimeUnixNano"]) <= int(root["endTimeUnixNano"])
+        # The generators' rollouts (made while the step learns from the last ones: they
+        # may end after it) and weight loads under the step that asked for them.
+        remote = sorted((service[k["spanId"]], k["name"]) for k in kids if k not in own)
+        if kind == "rl":
+            index = int(attrs(root)[c.STEP_INDEX.key])
+            made = (["rollout"] * (2 if index == 0 else 1)) + ["weight_sync"]
+            assert remote == [(g, name) for g in runs["generators"] for name in made]
+        else:
+            assert remote == []
         ra = attrs(root)
         assert int(ra[c.RANK.key]) == 0
         if kind in BATCH:
             assert (int(ra[c.STEP_SAMPLES.key]), int(ra[c.STEP_TOKENS.key])) == BATCH[kind]
+
+
+def _services(stack: Any, job: str, start: float) -> dict[str, str]:
+    """The service.name of every span in the job's traces, by span id."""
+    return {
+        span["spanId"]: attrs(rs.get("resource", {}))["service.name"]
+        for rs in jaeger_chunks(stack, job, start)
+        for ss in rs.get("scopeSpans", [])
+        for span in ss.get("spans", [])
+    }
 
 
 @pytest.mark.parametrize("kind", sorted(BATCH))
@@ -229,12 +261,67 @@ def test_prometheus_holds_phase_memory_and_throughput_series(
         query=f"max_over_time({c.prometheus_base_name(c.SAMPLES)}{sel}[10m])",
     )["result"]
     assert float(total[0]["value"][1]) == n * BATCH[kind][0]
-    # The figures no rank exports, as Prometheus derives them (contract.DERIVED).
-    for d in (c.DERIVED_THROUGHPUT_SAMPLES, c.DERIVED_THROUGHPUT_TOKENS, c.DERIVED_GOODPUT):
-        got = prom(stack, "/api/v1/query", query=d.query(f'job="{job}"', "otel_train_rank", "10m"))
-        assert [r["metric"] for r in got["result"]] == [{"otel_train_rank": "0"}], d.name
-        figure = float(got["result"][0]["value"][1])
-        assert 0 < figure <= (1 if d.unit == "1" else float("inf")), (d.name, figure)
+
+
+def _samples(stack: Any, spec: Any, job: str) -> dict[str, dict[int, float]]:
+    """A counter's raw samples as Prometheus stored them ({ms: value}), by series (its
+    category, "" if none)."""
+    query = f'{c.prometheus_base_name(spec)}{{job="{job}"}}[15m]'
+    return {
+        r["metric"].get(c.A_CATEGORY, ""): {round(float(t) * 1e3): float(v) for t, v in r["values"]}
+        for r in prom(stack, "/api/v1/query", query=query)["result"]
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH))
+def test_the_derived_figures_equal_the_runs_own_counters(
+    stack: Any, runs: dict[str, Any], kind: str
+) -> None:
+    """Each figure Prometheus derives (contract.DERIVED; the memory and peak ones:
+    tests/stack/test_stack_lifecycle.py), queried as a dashboard queries it, against the
+    same figure computed here from the run's counters: between two export times every
+    counter has a sample at (the window ends on one and starts a millisecond before the
+    other, so rate() extrapolates by that millisecond only), and goodput at the last."""
+    job, n = runs[kind], runs["steps"][kind]
+    poll(
+        lambda: max(_samples(stack, c.SAMPLES, job)[""].values()) == n * BATCH[kind][0],
+        "the last samples counter",
+    )
+    counters = {"samples": _samples(stack, c.SAMPLES, job)[""],
+                "tokens": _samples(stack, c.TOKENS, job)[""],
+                **_samples(stack, c.RUN_TIME, job)}  # fmt: skip
+    assert {"samples", "tokens", "train", "data"} <= set(counters), sorted(counters)
+    common = sorted(set.intersection(*(set(v) for v in counters.values())))
+    assert len(common) >= 3, common
+    t0, t1 = common[0], common[-1]
+
+    def delta(name: str) -> float:
+        return counters[name][t1] - counters[name][t0]
+
+    def latest(series: dict[int, float]) -> float:
+        return series[max(t for t in series if t <= t1)]
+
+    seconds = (t1 - t0) / 1e3
+    train = latest(counters["train"])
+    wall = sum(latest(counters[k]) for k in counters if k not in ("samples", "tokens"))
+    expected = {
+        c.DERIVED_THROUGHPUT_SAMPLES.name: (delta("samples") / seconds, 1e-3),
+        c.DERIVED_THROUGHPUT_TOKENS.name: (delta("tokens") / seconds, 1e-3),
+        c.DERIVED_DATA_STALL.name: (delta("data") / (delta("train") + delta("data")), 1e-3),
+        c.DERIVED_GOODPUT.name: (train / wall, 1e-6),
+    }
+    for d in c.DERIVED:
+        if d.name not in expected:  # (CUDA only)
+            continue
+        query = d.query(f'job="{job}"', "otel_train_rank", f"{t1 - t0 + 1}ms")
+        got = prom(stack, "/api/v1/query", query=query, time=f"{t1 / 1e3:.3f}")["result"]
+        assert [r["metric"] for r in got] == [{"otel_train_rank": "0"}], d.name
+        value, rel = expected[d.name]
+        assert float(got[0]["value"][1]) == pytest.approx(value, rel=rel), d.name
+    assert {d.name for d in c.DERIVED} - set(expected) == {
+        c.DERIVED_PHASE_MEMORY_UTILIZATION.name,
+        c.DERIVED_DEVICE_PEAK_FLOPS.name,
+    }
 
 
 @pytest.mark.parametrize("kind", sorted(BATCH))
@@ -292,15 +379,11 @@ def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any], ki
 
 # Each dashboard and the runs it is meant for (the 2-rank job: tests/e2e/test_torchrun_ranks.py).
 MEANT_FOR = {"training-overview": ["plain", "demo"], "rl-loop": ["rl"]}
-# Panels of a trainer with generator processes beside it: the RL example here is one
-# process, so test_carrier_e2e.py runs these against its two-process run instead.
-ELSEWHERE = ("Generator against trainer time per step", "Policy staleness")
 CASES = [
     (name, kind, panel, expr)
     for name, kinds in MEANT_FOR.items()
     for kind in kinds
     for panel, expr in dashboard_queries(name)
-    if panel.split(" [")[0] not in ELSEWHERE
 ]
 
 
@@ -335,6 +418,8 @@ def test_dashboard_variables_offer_the_training_jobs_only(stack: Any, runs: dict
     rl = variable_values(stack, "rl-loop", "job", start)
     assert runs["rl"] in rl
     assert not {runs["plain"], runs["demo"], "otel-train-inprocess"} & set(rl), rl
+    # The generators are no job of either: their figures show in the trainer's panels.
+    assert not set(runs["generators"]) & (set(rl) | set(overview)), (rl, overview)
     for dashboard, kind in (
         ("training-overview", "plain"),
         ("training-overview", "demo"),

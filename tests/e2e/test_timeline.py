@@ -69,7 +69,7 @@ def _trace_model() -> Path:
 def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     tmp_path: Path,
 ) -> None:
-    modules = _trace_model()
+    _trace_model()  # (before the job: fail early without node)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path / "runs"),
                           str(tmp_path / "debug")], env=env, capture_output=True, text=True,
@@ -77,16 +77,7 @@ def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     assert job.returncode == 0, job.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     out = tmp_path / "steps.json"
-    made = subprocess.run([sys.executable, "-m", "otel_train.cli", "timeline", str(run), "-o",
-                           str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    script = tmp_path / "parse.js"
-    script.write_text(PARSE)
-    node_env = {**os.environ, "NODE_PATH": str(modules / "node_modules")}
-    parsed = subprocess.run(["node", str(script), str(out)], capture_output=True, text=True,
-                            timeout=120, env=node_env)  # fmt: skip
-    assert parsed.returncode == 0, parsed.stderr
-    processes: list[dict[str, Any]] = json.loads(parsed.stdout)
+    processes = _parse(tmp_path, run)
     by_name = {p["name"].split(" (")[0]: p for p in processes}
     assert {"rank 0", "rank 0 profiler"} <= set(by_name), list(by_name)
 
@@ -107,3 +98,45 @@ def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     outside = [k for k in kernels if not lo - slack <= k["start"] <= k["end"] <= hi + slack]
     assert not outside, (lo, hi, outside[:3])
     assert json.loads(out.read_text())["otherData"]["profiler_traces"]
+
+
+def _parse(tmp_path: Path, run: Path) -> list[dict[str, Any]]:
+    """``otel-train timeline`` of ``run``, read back by the trace-model parser."""
+    modules = _trace_model()
+    out = tmp_path / "steps.json"
+    made = subprocess.run([sys.executable, "-m", "otel_train.cli", "timeline", str(run), "-o",
+                           str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    script = tmp_path / "parse.js"
+    script.write_text(PARSE)
+    node_env = {**os.environ, "NODE_PATH": str(modules / "node_modules")}
+    parsed = subprocess.run(["node", str(script), str(out)], capture_output=True, text=True,
+                            timeout=120, env=node_env)  # fmt: skip
+    assert parsed.returncode == 0, parsed.stderr
+    return json.loads(parsed.stdout)  # type: ignore[no-any-return]
+
+
+def test_the_timeline_shows_the_generators_rollouts(tmp_path: Path) -> None:
+    """examples/rl_loop.py with a generator process: the trainer's run directory's
+    timeline has the generator (its record beside the trainer's) as a process of its own,
+    its rollouts named as in the console (``rollout [generator]``), one per rollout it made
+    (every step traced, so every carrier sampled)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(OTEL_SERVICE_NAME="timeline-rl", OTEL_TRAIN_TRACE_STEPS="all",
+               OTEL_TRAIN_CONSOLE="off")  # fmt: skip
+    example = Path(__file__).resolve().parents[2] / "examples" / "rl_loop.py"
+    args = [sys.executable, str(example), "--iterations", "20", "--generators", "1"]
+    job = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    runs = sorted((tmp_path / "otel-train-runs").iterdir())
+    (trainer,) = [r for r in runs if "-generator-" not in r.name]
+    assert len(runs) == 2, runs  # the generator's record, beside the trainer's
+    by_name = {p["name"]: p for p in _parse(tmp_path, trainer)}
+    assert set(by_name) == {"rank 0 (timeline-rl)", "generator 0 (timeline-rl-generator-0)"}
+    threads = {t["name"]: t for t in by_name["generator 0 (timeline-rl-generator-0)"]["threads"]}
+    names = [e["name"] for e in threads["phases [generator] (host)"]["events"]]
+    assert names.count("rollout [generator]") == 21  # two at the first step, then one each
+    assert names.count("weight_sync [generator]") == 20
+    steps = {t["name"]: t["events"] for t in by_name["rank 0 (timeline-rl)"]["threads"]}
+    assert len([e for e in steps["steps (host)"] if e["name"] == c.STEP_SPAN.name]) == 20

@@ -1,0 +1,127 @@
+"""``otel-train report --prometheus URL --jaeger URL --job JOB`` against the real stack:
+the RL example with a generator process exports over OTLP and writes its run records
+too; the page made from the live stack holds what the page made from the records holds
+(one implementation draws both): the run summary with the generator's ``rollout
+[generator]`` row, line for line; every chart's run figures; the traced steps'
+waterfalls with the generator's rollouts in them. Bad use is a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stack_helpers import ROOT, jaeger_traces, poll, prom, running_stack
+
+from otel_train import contract as c
+
+pytestmark = pytest.mark.stack
+ITERATIONS = 40
+GAUGES = ("memory", "mfu", "tflops")  # charts of gauges
+
+
+def _page_data(path: Path) -> dict[str, Any]:
+    found = re.search(r'<script id="report-data" type="application/json">(.*?)</script>',
+                      path.read_text(), re.S)  # fmt: skip
+    assert found, path
+    return json.loads(found.group(1).replace("<\\/", "</"))  # type: ignore[no-any-return]
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otel_train.cli", "report", *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("live")
+    service = f"live-rl-{uuid.uuid4().hex[:8]}"
+    with running_stack(tmp / "stack") as stack:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",
+                   OTEL_SERVICE_NAME=service, OTEL_TRAIN_TRACE_STEPS="all",
+                   OTEL_TRAIN_METRIC_EXPORT_INTERVAL="0.5", OTEL_TRAIN_CONSOLE="off")  # fmt: skip
+        args = ["--iterations", str(ITERATIONS), "--generators", "1"]
+        example = [sys.executable, str(ROOT / "examples" / "rl_loop.py"), *args]
+        job = subprocess.run(example, env=env, cwd=tmp, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+        assert job.returncode == 0, job.stdout + job.stderr
+        (record,) = [d for d in (tmp / "otel-train-runs").iterdir() if "-generator-" not in d.name]
+        steps = c.prometheus_base_name(c.STEPS)
+        poll(lambda: prom(stack, "/api/v1/query", query=f'{steps}{{job="{service}"}}')["result"],
+             "the job's steps in Prometheus")  # fmt: skip
+
+        def traced() -> bool:
+            spans = jaeger_traces(stack, service, time.time() - 600)
+            return len({s["traceId"] for s in spans if s["name"] == c.STEP_SPAN.name}) >= ITERATIONS
+
+        poll(traced, "its traces")
+        time.sleep(2)  # the last exports of the generator
+        urls = [f"http://127.0.0.1:{stack['ports'][p]}" for p in ("PROMETHEUS", "JAEGER_UI")]
+        live = _report("--prometheus", urls[0], "--jaeger", urls[1], "--job", service,
+                       "--last", "10m", "-o", str(tmp / "live.html"))  # fmt: skip
+        assert live.returncode == 0, live.stderr
+        bad = [_report("--prometheus", urls[0], "--job", "no-such-job", "-o", str(tmp / "x")),
+               _report("--prometheus", urls[0]), _report(str(record), "--job", service),
+               _report("--prometheus", "http://127.0.0.1:1", "--job", service)]  # fmt: skip
+    made = _report(str(record), "-o", str(tmp / "record.html"))
+    assert made.returncode == 0, made.stderr
+    return {"live": _page_data(tmp / "live.html"), "record": _page_data(tmp / "record.html"),
+            "bad": bad, "service": service}  # fmt: skip
+
+
+def test_the_live_page_has_the_records_summary_with_the_generators_row(pages: Any) -> None:
+    live, record = pages["live"]["summary"], pages["record"]["summary"]
+    assert live == record
+    (row,) = [line.split() for line in live.splitlines() if line.startswith("rollout [")]
+    assert row[:2] == ["rollout", "[generator]"]
+    assert row[4:6] == ["-", str(ITERATIONS + 1)]  # all it made: one ahead at the first step
+
+
+def test_the_live_page_has_the_records_figures(pages: Any) -> None:
+    def figures(data: dict[str, Any]) -> dict[str, dict[str, float]]:
+        return {ch["id"]: {g["label"]: g["value"] for g in ch["figures"]} for ch in data["charts"]}
+
+    live, record = figures(pages["live"]), figures(pages["record"])
+    assert set(live) == set(record) >= {"step", "phases", "shares", "memory", "scalars"}
+    for cid, values in record.items():
+        assert set(live[cid]) == set(values), cid
+        # Counters and histograms end on the same values in both; a gauge (resident
+        # memory) is read by each exporter's reader at its own last collection.
+        rel = 0.05 if cid in GAUGES else 1e-6
+        for label, value in values.items():
+            assert live[cid][label] == pytest.approx(value, rel=rel), (cid, label)
+    for ch in pages["live"]["charts"]:  # the live stack holds many more points than the record
+        if ch["id"] in ("step", "phases"):
+            assert max(len([v for v in s["values"] if v is not None]) for s in ch["series"]) >= 3
+
+
+def test_the_live_page_has_the_records_waterfalls_with_the_generators_rollouts(
+    pages: Any,
+) -> None:
+    def rows(data: dict[str, Any]) -> list[tuple[int, list[str]]]:
+        return [(w["index"], sorted(p["name"] for p in w["phases"])) for w in data["waterfalls"]]
+
+    live, record = rows(pages["live"]), rows(pages["record"])
+    assert live == record
+    assert len(live) == min(60, ITERATIONS)
+    for index, names in live:
+        made = ["rollout [generator]"] * (2 if index == 0 else 1)
+        assert names == sorted(["rollout", "train", "optimizer", "weight_sync",
+                                "weight_sync [generator]", *made]), index  # fmt: skip
+
+
+def test_bad_use_is_a_clear_error(pages: Any) -> None:
+    no_job, no_job_given, job_without_stack, no_stack = pages["bad"]
+    assert no_job.returncode == 1 and "no series of job 'no-such-job'" in no_job.stderr
+    assert no_job_given.returncode == 2 and "--prometheus needs --job" in no_job_given.stderr
+    assert job_without_stack.returncode == 2 and "go with --prometheus" in job_without_stack.stderr
+    assert no_stack.returncode == 1 and "cannot read http://127.0.0.1:1/" in no_stack.stderr
