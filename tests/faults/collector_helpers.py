@@ -284,3 +284,46 @@ def collector_down(warmup: int, steps: int, timeout_s: float) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     print("\n" + json.dumps(result))
     return result
+
+
+# -- the logs signal, and data by the resource's rank -------------------------------------
+
+_RESOURCE = re.compile(r"Resource(?:Log|Metrics|Spans) #\d+\n(.*?)(?=Resource(?:Log|Metrics|Spans) #|\Z)", re.S)
+_ATTRIBUTE = re.compile(r"^\s+-> ([\w.]+): (\w+)\((.*?)\)$(?=\n\s+-> |\n[A-Z]|\n*\Z)", re.M | re.S)
+
+
+def _attributes(block: str) -> dict[str, str]:
+    return {key: value for key, _, value in _ATTRIBUTE.findall(block)}
+
+
+def log_records(text: str) -> list[dict[str, Any]]:
+    """Every log record the Collector printed: ``event`` (its EventName), ``rank`` (the
+    resource's otel_train.rank), ``trace_id`` and its attributes (values as strings)."""
+    out = []
+    for chunk in _RESOURCE.findall(text):
+        if "LogRecord #" not in chunk:
+            continue
+        head, _, rest = chunk.partition("ScopeLogs #")
+        resource = _attributes(head)
+        for record in re.split(r"^LogRecord #\d+\n", rest, flags=re.M)[1:]:
+            event = re.search(r"^EventName: (.*)$", record, re.M)
+            trace = re.search(r"^Trace ID: ?(.*)$", record, re.M)
+            attrs = _attributes(record.partition("Attributes:")[2].partition("Trace ID:")[0])
+            out.append({
+                "event": event.group(1).strip() if event else "",
+                "rank": int(resource.get("otel_train.rank", "-1")),
+                "trace_id": trace.group(1).strip() if trace else "",
+                **attrs,
+            })  # fmt: skip
+    return out
+
+
+def rank_values(text: str, name: str) -> dict[int, list[float]]:
+    """A metric's data point values in arrival order, by the resource's otel_train.rank."""
+    out: dict[int, list[float]] = {}
+    for chunk in _RESOURCE.findall(text):
+        if "Metric #" not in chunk:
+            continue
+        rank = int(_attributes(chunk.partition("ScopeMetrics #")[0]).get("otel_train.rank", "-1"))
+        out.setdefault(rank, []).extend(v for _, v in metric_points(chunk, name))
+    return out
