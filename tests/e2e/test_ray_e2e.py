@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import pytest
+from scratch import job_env
 from stack_helpers import attrs, poll, prom, running_stack
 from test_carrier_e2e import _ids, _trace
 
@@ -97,7 +98,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tag = uuid.uuid4().hex[:8]
     names = {"trainer": f"ray-trainer-{tag}", "generator": f"ray-generator-{tag}"}
     with running_stack(tmp_path_factory.mktemp("ray-stack")) as stack:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAY_"))}
+        env = job_env(("OTEL_", "RAY_"))
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}"
         env["OMP_NUM_THREADS"] = "1"
         if env.get("PYTHONPATH"):  # (Ray's workers start elsewhere: no relative entries)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 
 from otel_train import contract as c
 
@@ -107,7 +108,7 @@ def _recorded(run: Path) -> dict[str, Any]:
 
 def test_the_report_renders_the_record_offline_in_chromium(tmp_path: Path) -> None:
     chromium, chromedriver = _browser() or ("", "")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     env["OTEL_SERVICE_NAME"] = "report-test"
     env["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
     job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path / "runs"), "8"], env=env,

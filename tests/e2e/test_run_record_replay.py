@@ -12,7 +12,6 @@ OTLP/JSON, so this replay checks the format with the real Collector too.)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 from stack_helpers import dashboard_queries, jaeger_traces, poll, prom, query_data, running_stack
 
 from otel_train import contract as c
@@ -59,7 +59,7 @@ def _recorded_trace_ids(run: Path) -> set[str]:
 
 def test_a_run_record_replays_into_jaeger_and_prometheus(tmp_path: Path) -> None:
     service = f"record-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     env["OTEL_SERVICE_NAME"] = service
     env["OTEL_TRAIN_CONSOLE"] = "off"
     env["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"  # a snapshot a second in the record
