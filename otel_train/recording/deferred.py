@@ -248,7 +248,9 @@ class DeferredLog(PhaseMachine):
         elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
             self._link_at(item[3])
         elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None, span)
-            if self.enabled:  # (the holder counts as an open tree: only if entered)
+            if item[4] is None and self._current is not None:
+                self._enter_at(item[3], item[1], item[0])  # a bad carrier in a step: a phase
+            elif self.enabled:  # (the holder counts as an open tree: only if entered)
                 holder = self._remote_holder(item[1], item[4], item[5])
                 self._enter_at(item[3], item[1], item[0], holder)
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
