@@ -192,6 +192,7 @@ def carrier(policy_version: int | None = None) -> dict[str, str]:
     current = session.current()
     if current is None or current.closed or session.forked_child:
         return {}
+    current.start_exports()  # (whether a carrier is sampled depends on them)
     return current.recorder.carrier(policy_version)
 
 

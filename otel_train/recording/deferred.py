@@ -34,7 +34,7 @@ from .records import (
     STEP_END,
     OpenStep,
 )
-from .scopes import BACKGROUND, CYCLE, EXPLICIT, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
 
 if TYPE_CHECKING:
@@ -186,6 +186,26 @@ class DeferredLog(PhaseMachine):
         self._log_limit = entries
         self._steps_limit = steps
         self._on_full = take
+
+    def holds_anything(self) -> bool:
+        """Whether anything was recorded here that has not been handed on (its log, an
+        open or finished step, a background tree, loose scalars)."""
+        with self._lock:
+            return bool(
+                self._log
+                or self._current is not None
+                or self._pending
+                or self._scoped
+                or self.background_open
+                or self._orphans
+                or self.loose_scalars
+                or self._next_index
+            )
+
+    def no_backlog_taker(self) -> None:
+        """Back to the default after :meth:`on_backlog`: past ``MAX_LOG`` entries the log
+        is applied here, and finished steps wait for the worker."""
+        self.on_backlog(self.settle, MAX_LOG, INT64_MAX)
 
     def _take_due(self) -> None:
         self._due = False
