@@ -3,6 +3,11 @@
 Phases and where they are observed:
 
 - ``data``: around each ``next()`` on the instrumented DataLoader's iterator (host clock).
+  The batch's samples and tokens go to the step whose training forward comes next, the
+  one that consumes it: a batch fetched ahead at the end of a step (nanoGPT fetches the
+  next micro-batch before the backward) counts in the next step, and the last one,
+  never trained on, in none. (A model compiled after ``instrument()`` runs no timed
+  forward: there a batch counts in the step open at its fetch.)
 - ``forward``: from the start of the model's ``forward`` (training mode, grad enabled;
   the instance's ``forward`` is wrapped while instrumented) until backward starts, so
   the loss computation belongs to forward.
@@ -32,6 +37,7 @@ from typing import Any
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
+from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation
 from .batches import Counts, batch_counts, tensor_counts, user_counter
@@ -43,7 +49,9 @@ _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compile
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
 _DATA = boundary(None, "data", begin=ADAPTER)
 _DATA_NEXT_STEP = boundary(None, "data", begin=ADAPTER, end=ADAPTER)  # no optimizer= given
+_DATA_END = boundary("data", None)
 _FORWARD = boundary("forward", "forward", begin=ADAPTER)
+_FORWARD_COUNTED = boundary("forward", "forward", begin=ADAPTER, counted=True)  # a batch's
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
 
@@ -96,7 +104,11 @@ class _TimedIterator:
                     padded = tokens
             else:
                 samples, tokens, padded = adapter.counts_of(batch)
-            rec.data_fetched(t, samples, tokens, padded)
+            if adapter.compiled:  # (no timed forward to take them: counted at the fetch)
+                adapter.fetched_at(rec, t, samples, tokens, padded)
+            else:
+                rec.transition(_DATA_END)
+                adapter.hold(samples, tokens, padded)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
         return batch
@@ -157,6 +169,7 @@ class TorchLoopAdapter:
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
+        self.held: Counts | None = None  # counts of the batches fetched since a forward
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -164,6 +177,25 @@ class TorchLoopAdapter:
             return self.counter(batch)
         except Exception:
             return None, None, None
+
+    def hold(self, samples: int | None, tokens: int | None, padded: int | None) -> None:
+        """A fetched batch's counts, until the training forward that consumes it."""
+        held = self.held
+        if held is None:
+            self.held = (samples, tokens, padded)
+        else:
+            self.held = (add_count(held[0], samples), add_count(held[1], tokens),
+                         add_count(held[2], padded))  # fmt: skip
+
+    def fetched_at(
+        self, rec: Recorder, t: int, samples: int | None, tokens: int | None, padded: int | None
+    ) -> None:
+        """Counted at the fetch (a compiled forward takes none), with any held before."""
+        held, self.held = self.held, None
+        if held is not None:
+            samples, tokens = add_count(held[0], samples), add_count(held[1], tokens)
+            padded = add_count(held[2], padded)
+        rec.data_fetched(t, samples, tokens, padded)
 
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
@@ -185,7 +217,12 @@ class TorchLoopAdapter:
         if not module.training or not torch.is_grad_enabled():
             return
         try:
-            self.rec.transition(_FORWARD)
+            held = self.held
+            if held is not None:  # the batches fetched since the last forward: this step's
+                self.held = None
+                self.rec.counted_transition(_FORWARD_COUNTED, *held)
+            else:
+                self.rec.transition(_FORWARD)
             if not self.has_loader:
                 self.count(args)
         except Exception:

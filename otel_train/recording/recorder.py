@@ -400,11 +400,19 @@ class Recorder(DeferredLog):
     ) -> None:
         """A loader's fetch ended at ``t``: exit its ``data`` phase and add the batch's
         counts to the adapter step open then (one log entry instead of two)."""
+        self.counted_transition(DATA_FETCHED, samples, tokens, padded, t)
+
+    def counted_transition(
+        self, b: Boundary, samples: int | None, tokens: int | None, padded: int | None,
+        t: int = 0,
+    ) -> None:  # fmt: skip
+        """Boundary ``b`` (made with ``counted=True``) at ``t`` (0: now), adding a batch's
+        counts to the adapter step open after it: the step that consumes the batch."""
         if not self.enabled:
             self._disabled()
             return
         try:
-            entry = (self._tls_stack(), t, DATA_FETCHED, samples, tokens, padded)
+            entry = (self._tls_stack(), t or perf_counter_ns(), b, samples, tokens, padded)
             self._record(entry, self._defer)
         except Exception:
             self._fail()
