@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env as clean_job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,11 +210,8 @@ def wait_for(fn: Any, what: str, timeout: float = 60.0) -> Any:
 
 
 def job_env(endpoint: str | None, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = clean_job_env(("OTEL_TRAIN_", "OTEL_EXPORTER_", "OTEL_BSP_"))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for name in list(env):
-        if name.startswith(("OTEL_TRAIN_", "OTEL_EXPORTER_", "OTEL_BSP_")):
-            del env[name]
     env.update(
         {
             "OTEL_TRAIN_TRACE_STEPS": "all",
