@@ -12,13 +12,16 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
   earlier batch is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
-- ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``.
+- ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``;
+- ``(CONSOLE_TO, forward)``: print the console tables and the run summary here (False),
+  or hand them back as ``CONSOLE`` (True: the training process's ``sys.stderr`` or
+  ``sys.stdout`` is not its own descriptor, say under ``redirect_stderr`` or Jupyter).
 
 Sidecar -> training process (its stdout): ``(READY,)`` or ``(FAILED, kind, message)``
 once its SDK is built (the training process waits for one: errors stay configure-time
 errors), ``(ARM, at_index)`` (count the FLOPs of a
 new batch shape), ``(FLUSHED, seq)``, ``(IDLE, session, position, next_index,
-step_stack_token)`` (raw.py).
+step_stack_token)`` (raw.py), ``(CONSOLE, text)`` (a table or the summary, to print).
 
 A frame is a 4-byte little-endian length and the pickled message.
 """
@@ -39,6 +42,7 @@ from ..recording.tokens import Consumed
 HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
 READY, FAILED = range(11, 13)
 FIRST = 13
+CONSOLE_TO, CONSOLE = 14, 15
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
 
