@@ -3,12 +3,12 @@ batches in (issue 25 item 2).
 
 A nanoGPT-style character model (token ids in, next-token logits out) trained with
 gradient accumulation, an evaluation region at the top of every fourth iteration and a
-``count_batch=`` rule, in four loop orders: ``for`` over the loader; fetching each
-micro-batch at its start; fetching one ahead before the loop and the next at the end of
-each iteration (the last one never trained on); and nanoGPT's own, the next micro-batch
-fetched at the end of each micro-step between the forward and the backward (the last one
-never trained on either, and fetched inside the last step). Each step then counts its
-own micro-batches, and the run the ones trained on.
+``count_batch=`` rule, in four loop orders (ORDERS): each micro-batch fetched at the top
+of its micro-step; one fetched ahead before the loop and the next after each optimizer
+step (the last one never trained on); nanoGPT's own, the next micro-batch fetched
+between the forward and the backward; and after the backward (in these two the last
+one, never trained on, is fetched inside the last step). Each step then counts its own
+micro-batches, and the run the ones trained on.
 """
 
 from __future__ import annotations
@@ -47,69 +47,41 @@ def _loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
     return torch.utils.data.DataLoader(data, batch_size=BATCH)
 
 
-Loop = Callable[[CharModel, torch.optim.Optimizer, Iterator[Any], Callable[[int], None]], int]
+# Where each micro-batch is fetched: at the top of its micro-step (``for`` over the
+# loader); one ahead, the next after the optimizer step (the last never trained on);
+# nanoGPT's, between the forward and the backward; after the backward. The last two
+# fetch the last batch, never trained on, inside the last step.
+ORDERS = ("micro_step", "after_optimizer", "after_forward", "after_backward")
 
 
-def for_each(model: CharModel, opt: Any, it: Iterator[Any], top: Callable[[int], None]) -> int:
+def train(model: CharModel, opt: Any, it: Iterator[Any], top: Callable[[int], None],
+          fetch: str) -> int:  # fmt: skip
+    """ITERS optimizer steps of ACCUM micro-batches, fetched as ``fetch`` says; ``top(i)``
+    at the top of each iteration. Returns the micro-batches trained on."""
     trained = 0
-    for i in range(ITERS):
-        top(i)
-        for _ in range(ACCUM):
-            x, y = next(it)
-            (model(x, y) / ACCUM).backward()
-            trained += 1
-        opt.step()
-        opt.zero_grad()
-    return trained
-
-
-def ahead_per_iteration(model: CharModel, opt: Any, it: Iterator[Any], top: Any) -> int:
-    trained = 0
-    x, y = next(it)
+    if fetch != "micro_step":
+        x, y = next(it)  # before the loop
     for i in range(ITERS):
         top(i)
         for m in range(ACCUM):
-            (model(x, y) / ACCUM).backward()
-            trained += 1
-            if m < ACCUM - 1:
+            if fetch == "micro_step":
                 x, y = next(it)
-        opt.step()
-        opt.zero_grad()
-        x, y = next(it)  # the next iteration's first micro-batch (the last: never trained on)
-    return trained
-
-
-def nanogpt(model: CharModel, opt: Any, it: Iterator[Any], top: Callable[[int], None]) -> int:
-    trained = 0
-    x, y = next(it)
-    for i in range(ITERS):
-        top(i)
-        for _ in range(ACCUM):
             loss = model(x, y) / ACCUM
-            x, y = next(it)  # fetched while the device would still run the forward
+            if fetch == "after_forward":
+                x, y = next(it)  # while the device would still run the forward
             loss.backward()
             trained += 1
+            if fetch == "after_backward" or (fetch == "after_optimizer" and m < ACCUM - 1):
+                x, y = next(it)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if fetch == "after_optimizer":
+            x, y = next(it)  # the next iteration's first micro-batch
     return trained
 
 
-def ahead_after_backward(model: CharModel, opt: Any, it: Iterator[Any], top: Any) -> int:
-    trained = 0
-    x, y = next(it)
-    for i in range(ITERS):
-        top(i)
-        for _ in range(ACCUM):
-            (model(x, y) / ACCUM).backward()
-            trained += 1
-            x, y = next(it)
-        opt.step()
-        opt.zero_grad()
-    return trained
-
-
-@pytest.mark.parametrize("loop", [for_each, ahead_per_iteration, nanogpt, ahead_after_backward])
-def test_each_step_counts_the_micro_batches_it_trained_on(loop: Loop) -> None:
+@pytest.mark.parametrize("fetch", ORDERS)
+def test_each_step_counts_the_micro_batches_it_trained_on(fetch: str) -> None:
     tel = InMemoryTelemetry()
     torch.manual_seed(0)
     model = CharModel()
@@ -127,7 +99,7 @@ def test_each_step_counts_the_micro_batches_it_trained_on(loop: Loop) -> None:
                 model(x_eval, y_eval)
                 model.train()
 
-    trained = loop(model, opt, iter(loader), evaluate)
+    trained = train(model, opt, iter(loader), evaluate, fetch)
     otel_train.shutdown()
 
     assert trained == ITERS * ACCUM
@@ -153,7 +125,7 @@ def test_nanogpts_order_counts_the_same_through_the_sidecar(tmp_path: Path) -> N
                           trace_steps="all", flops="off", prometheus=False,
                           run_dir=str(tmp_path), service_name="orders")  # fmt: skip
     assert otel_train.session.current().feeder is not None
-    trained = nanogpt(model, opt, iter(loader), lambda i: None)
+    trained = train(model, opt, iter(loader), lambda i: None, "after_forward")
     assert otel_train.shutdown()
     (rank,) = record_data.load(next(tmp_path.iterdir()))
     steps = [s for s in rank.spans if s["name"] == c.STEP_SPAN.name]
