@@ -3,11 +3,12 @@
 Phases and where they are observed:
 
 - ``data``: around each ``next()`` on the instrumented DataLoader's iterator (host clock).
-  The batch's samples and tokens go to the step whose training forward comes next, the
-  one that consumes it: a batch fetched ahead at the end of a step (nanoGPT fetches the
-  next micro-batch before the backward) counts in the next step, and the last one,
-  never trained on, in none. (A model compiled after ``instrument()`` runs no timed
-  forward: there a batch counts in the step open at its fetch.)
+  The batch's samples and tokens count in the step that consumes it: the step open at
+  the fetch, or, for a batch fetched after a training forward of the step (nanoGPT
+  fetches the next micro-batch between forward and backward), the step of the next
+  training forward. So a batch fetched at the end of a step counts in the next one, and
+  the last, never trained on, in none. (A model compiled after ``instrument()`` runs no
+  timed forward: there every batch counts in the step open at its fetch.)
 - ``forward``: from the start of the model's ``forward`` (training mode, grad enabled;
   the instance's ``forward`` is wrapped while instrumented) until backward starts, so
   the loss computation belongs to forward.
@@ -104,11 +105,11 @@ class _TimedIterator:
                     padded = tokens
             else:
                 samples, tokens, padded = adapter.counts_of(batch)
-            if adapter.compiled:  # (no timed forward to take them: counted at the fetch)
-                adapter.fetched_at(rec, t, samples, tokens, padded)
-            else:
+            if adapter.after_forward:  # (the next training forward consumes it)
                 rec.transition(_DATA_END)
                 adapter.hold(samples, tokens, padded)
+            else:
+                rec.data_fetched(t, samples, tokens, padded)
         except Exception:
             _log.exception("otel-train: timing a data fetch failed")
         return batch
@@ -169,7 +170,8 @@ class TorchLoopAdapter:
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # the model was compiled after instrument(): hooks traced
-        self.held: Counts | None = None  # counts of the batches fetched since a forward
+        self.after_forward = False  # a training forward ran since the optimizer's step
+        self.held: Counts | None = None  # counts of batches fetched after it, till the next
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -186,16 +188,6 @@ class TorchLoopAdapter:
         else:
             self.held = (add_count(held[0], samples), add_count(held[1], tokens),
                          add_count(held[2], padded))  # fmt: skip
-
-    def fetched_at(
-        self, rec: Recorder, t: int, samples: int | None, tokens: int | None, padded: int | None
-    ) -> None:
-        """Counted at the fetch (a compiled forward takes none), with any held before."""
-        held, self.held = self.held, None
-        if held is not None:
-            samples, tokens = add_count(held[0], samples), add_count(held[1], tokens)
-            padded = add_count(held[2], padded)
-        rec.data_fetched(t, samples, tokens, padded)
 
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
@@ -218,11 +210,12 @@ class TorchLoopAdapter:
             return
         try:
             held = self.held
-            if held is not None:  # the batches fetched since the last forward: this step's
+            if held is not None:  # the batches fetched after the last forward: this one's
                 self.held = None
                 self.rec.counted_transition(_FORWARD_COUNTED, *held)
             else:
                 self.rec.transition(_FORWARD)
+            self.after_forward = True
             if not self.has_loader:
                 self.count(args)
         except Exception:
@@ -257,6 +250,7 @@ class TorchLoopAdapter:
             return
         try:
             self.rec.transition(_OPTIMIZER_END)
+            self.after_forward = False
         except Exception:
             self._failed()
 
