@@ -397,14 +397,8 @@ def get_or_create(
         return _current
 
 
-def _configure(
-    session: Session,
-    overrides: dict[str, Any],
-    settings: Settings,
-    tracer_provider: Any,
-    meter_provider: Any,
-    origin: str,
-) -> Session:
+def _configure(session: Session, overrides: dict[str, Any], settings: Settings,
+               tracer_provider: Any, meter_provider: Any, origin: str) -> Session:  # fmt: skip
     """The first configure()/instrument() of a session that bare calls started: its
     settings and providers apply (the lock is held)."""
     global _current
@@ -425,14 +419,9 @@ def _configure(
         session.configured = True
         return session
     what = "; ".join(conflicts) or "other tracer or meter providers"
-    _log.warning(
-        "otel-train: %s gives other settings than those %s started it with (%s), after "
-        "its exports began: it starts again with them; what was recorded before went out "
-        "with the earlier settings",
-        origin,
-        BARE_CALL,
-        what,
-    )
+    _log.warning("otel-train: %s gives other settings than those %s started it with (%s), "
+                 "after its exports began: it starts again with them; what was recorded "
+                 "before went out with the earlier settings", origin, BARE_CALL, what)  # fmt: skip
     _current = None
     session.shutdown()
     _current = Session(settings, tracer_provider, meter_provider)
