@@ -41,6 +41,7 @@ import argparse
 import copy
 import multiprocessing as mp
 import os
+import sys
 import time
 import uuid
 from typing import Any
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.iterations} iterations; mean reward: first 10 {sum(rewards[:10]) / 10:.3f}, "
         f"last 10 {sum(rewards[-10:]) / 10:.3f}"
     )
-    otel_train.shutdown()
+    if not otel_train.shutdown():  # False: its deadline cut the export short
+        sys.exit("rl_loop.py: otel_train.shutdown() missed its deadline; telemetry was lost")
 
 
 if __name__ == "__main__":

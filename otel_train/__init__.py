@@ -168,7 +168,8 @@ def phase(name: str, parent: Any = UNSET) -> PhaseScope | RemotePhaseScope | _Nu
     remote phase, timed and measured here and in this process's phase metrics, in no
     step of this process; when the carrier is sampled its span is a child of the
     trainer's step span, in that trace. A bad carrier (None, empty, malformed, from
-    another run) gives the phase without a trace, and one warning. ``with ... as
+    another run) gives one warning and the phase as if no ``parent=`` were given: a
+    phase of the step open here, or outside any step one without a trace. ``with ... as
     rollout:`` then ``rollout.produced()`` after the block: the token the consuming
     step hands :func:`consumed` (its span, policy version and figures)."""
     rec: Recorder | None = _recorder()
@@ -202,6 +203,7 @@ def carrier(policy_version: int | None = None) -> dict[str, str]:
     current = session.current()
     if current is None or current.closed or session.forked_child:
         return {}
+    current.start_exports()  # (whether a carrier is sampled depends on them)
     return current.recorder.carrier(policy_version)
 
 

@@ -1,7 +1,9 @@
 """One telemetry session per process: settings, recorder, worker and exports wired together.
 
 Created by the first ``instrument()``, ``configure()`` or bare ``step()``/``phase()``;
-ended by ``shutdown()`` (also registered with ``atexit``).
+ended by ``shutdown()`` (also registered with ``atexit``). One a bare call starts holds
+its exports back until the first ``instrument()``/``configure()`` gives it settings, or
+until it has enough recorded to hand on (``get_or_create``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from .export.record import RecordPlan
 from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
 from .export.setup import (
@@ -29,7 +32,7 @@ from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
 from .recording.efficiency import EfficiencyTracker
 from .recording.hang_details import LocalHangs, hang_label
-from .recording.recorder import Recorder
+from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
 from .recording.source import StepSource
 from .recording.worker import Worker
@@ -51,22 +54,66 @@ class Session:
         settings: Settings,
         tracer_provider: Any | None = None,
         meter_provider: Any | None = None,
+        exports: bool = True,
         logger_provider: Any | None = None,
     ) -> None:
+        """``exports=False``: a session started by a bare call, its exports held back
+        until :meth:`start_exports` (see :func:`get_or_create`); ``logger_provider``:
+        where log records go when the application passes its own providers."""
         self.settings = settings
         self.given_providers = (tracer_provider, meter_provider)
+        self.logger_provider = logger_provider
         self.origin = "otel_train.configure()"  # what started it (get_or_create sets it)
-        debug = build_debug_hooks(settings)
-        self.recorder = Recorder(settings, debug=debug)
+        self.configured = exports  # an instrument() or configure() gave its settings
         self.regions = RegionLog()
-        self.efficiency = EfficiencyTracker(
-            settings, self.recorder, self.regions, settings.throughput_window
-        )
-        source = StepSource(self.recorder)
+        self._build_recording(settings)
         self.feeder: Feeder | None = None
         self.worker: Worker | None = None
         self.telemetry: Telemetry | None = None
         self._prometheus_address: tuple[str, int] | None = None
+        self.record: RecordPlan | None = None
+        self.sigterm: SigtermFlush | None = None
+        self.instrumentations: dict[int, Instrumentation] = {}
+        self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.closed = False
+        self.exporting = False
+        if exports:
+            self.start_exports(strict=True)
+        else:
+            check_exporters(settings)  # a bad exporter setting fails at once all the same
+            # Held back, until a configuration or a backlog (see _start_on_backlog).
+            self.recorder.on_backlog(self._start_on_backlog, PUMP_ENTRIES, PUMP_STEPS)
+
+    def _build_recording(self, settings: Settings) -> None:
+        """The recording side: recorder, debugging hooks, efficiency tracker."""
+        self.recorder = Recorder(settings, debug=build_debug_hooks(settings))
+        self.efficiency = EfficiencyTracker(
+            settings, self.recorder, self.regions, settings.throughput_window
+        )
+
+    def start_exports(self, strict: bool = False) -> None:
+        """Build the export side (the sidecar, or a worker here) and start it; once.
+        ``strict``: for a configuration, what fails is raised; otherwise (a bare-call
+        session's start, on the recording thread or at exit) it is logged and the
+        session records nothing more."""
+        if self.exporting or self.closed:
+            return
+        with _lock:
+            if self.exporting or self.closed:
+                return
+            self.exporting = True
+            try:
+                self._build_exports()
+            except Exception:
+                if strict:
+                    raise
+                self.recorder.enabled = False
+                _log.exception("otel-train: starting the exports failed; telemetry is off")
+
+    def _build_exports(self) -> None:
+        settings, (tracer_provider, meter_provider) = self.settings, self.given_providers
+        debug = self.recorder.debug
+        source = StepSource(self.recorder)
         own = builds_own(tracer_provider, meter_provider)
         self.record = record_plan(settings, service_name(settings)) if own else None
         if settings.sidecar == "auto" and debug is None and own:
@@ -81,9 +128,10 @@ class Session:
                 self.feeder = None
                 self.recorder.handover = None
         if self.feeder is None:
+            self.recorder.no_backlog_taker()  # (the worker drains it on its own)
             self.telemetry = build_telemetry(
                 settings, tracer_provider, meter_provider, __version__, self.record,
-                logger_provider,
+                self.logger_provider,
             )  # fmt: skip
             consumer = build_consumer(
                 settings,
@@ -102,16 +150,46 @@ class Session:
             self._prometheus_address = self.telemetry.prometheus_address
         self._announce_record()
         self._allow_carriers()
-        self.instrumentations: dict[int, Instrumentation] = {}
-        self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.closed = False
         self._start(settings)
+
+    def _start_on_backlog(self) -> None:
+        """A bare-call session's recorder holds enough to hand on: its exports start at
+        the settings it has (on the recording thread, as a feeder's pump would run)."""
+        self.start_exports()
+        if self.feeder is not None:
+            self.feeder.pump()
+
+    def take_settings(self, settings: Settings, tracer_provider: Any, meter_provider: Any) -> None:
+        """The first configure()/instrument() of a session bare calls started, before its
+        exports did: its settings and providers apply. What the recorder holds stays,
+        unless a setting the recorder was built with changes (then it is dropped, with a
+        warning: it was measured another way)."""
+        old, rec = self.settings, self.recorder
+        self.settings = settings
+        self.given_providers = (tracer_provider, meter_provider)
+        self.configured = True
+        changed = [n for n in BUILT_WITH if getattr(old, n) != getattr(settings, n)]
+        held = rec.holds_anything()
+        if changed or not held:
+            if changed and held:
+                _log.warning(
+                    "otel-train: what was recorded before the first instrument() or "
+                    "configure() is dropped: it was recorded with other %s",
+                    ", ".join(f"'{n}'" for n in changed),
+                )
+            rec.enabled = False
+            self._build_recording(settings)
+            self.recorder.on_backlog(self._start_on_backlog, PUMP_ENTRIES, PUMP_STEPS)
+            return
+        rec.settings = settings  # (read where it is used, as `role` is)
+        rec.flop_probe = None  # the tracker of these settings arms its own
+        self.efficiency = EfficiencyTracker(settings, rec, self.regions, settings.throughput_window)
 
     def _start(self, settings: Settings) -> None:
         if self.worker is not None:
             self.worker.start()
-        self.sigterm = SigtermFlush(shutdown) if settings.flush_on_sigterm else None
-        if self.sigterm is not None:
+        if settings.flush_on_sigterm:
+            self.sigterm = SigtermFlush(shutdown)
             self.sigterm.install()
 
     def _announce_record(self) -> None:
@@ -215,9 +293,11 @@ class Session:
         exported (bounded by ``timeout_s``); True if all of it was done in time."""
         if self.closed:
             return True
+        self.start_exports()
         if self.feeder is not None:
             return self.feeder.flush(timeout_s)
-        assert self.worker is not None and self.telemetry is not None
+        if self.worker is None or self.telemetry is None:  # (its exports failed to start)
+            return False
         deadline = time.monotonic() + timeout_s
         self.worker.process()
         ok = True
@@ -238,6 +318,7 @@ class Session:
         """Uninstrument everything, drain, print the summary, flush exports; bounded."""
         if self.closed:
             return True
+        self.start_exports()  # (a bare-call session's held exports: what it holds leaves)
         self.closed = True
         if self.sigterm is not None:
             self.sigterm.uninstall()
@@ -256,6 +337,8 @@ class Session:
             self.efficiency.probe.abort()  # a count still running (a step never ended)
         if rec.debug is not None:
             rec.debug.close()  # a profiler window cut short still writes its trace
+        if self.worker is None and self.feeder is None:  # (its exports failed to start)
+            return False
         if self.feeder is not None:  # the sidecar drains, prints the summary and flushes
             in_time = self.feeder.close(deadline, time.monotonic() + budget / 2)
             rec.enabled = False
@@ -285,20 +368,34 @@ def current() -> Session | None:
     return _current
 
 
+BARE_CALL = "a step(), phase(), record() or region() call before any instrument()"
+
+
 def get_or_create(
     overrides: dict[str, Any] | None = None,
     tracer_provider: Any | None = None,
     meter_provider: Any | None = None,
-    origin: str = "a step(), phase(), record() or region() call before any instrument()",
+    origin: str = BARE_CALL,
     logger_provider: Any | None = None,
 ) -> Session:
     """The live session, or a new one; ``origin`` names the call, for the error a later
-    call with other settings gets."""
+    call with other settings gets.
+
+    A session a bare call (``origin`` BARE_CALL) starts holds its exports back until
+    the first configure()/instrument(), whose settings then apply to it and to what it
+    recorded; or until it has enough to hand on (then they start at its settings, and
+    a later configuration with others restarts it, with one warning)."""
     global _current, _stopped
     with _lock:
         settings = Settings.resolve(overrides or {})
         session = _current
+        explicit = origin != BARE_CALL
         if session is not None and not session.closed:
+            if explicit and not session.configured:
+                if logger_provider is not None:
+                    session.logger_provider = logger_provider
+                return _configure(session, overrides or {}, settings, tracer_provider,
+                                  meter_provider, origin)  # fmt: skip
             conflicts = _conflicts(session, overrides or {}, settings)
             if conflicts or not session.matches(None, tracer_provider, meter_provider):
                 what = "; ".join(conflicts) or "other tracer or meter providers"
@@ -309,10 +406,44 @@ def get_or_create(
                     "before configuring it again, or pass the same values"
                 )
             return session
-        _current = Session(settings, tracer_provider, meter_provider, logger_provider)
+        _current = Session(settings, tracer_provider, meter_provider, exports=explicit,
+                           logger_provider=logger_provider)  # fmt: skip
         _current.origin = origin
         _stopped = False
         return _current
+
+
+def _configure(session: Session, overrides: dict[str, Any], settings: Settings,
+               tracer_provider: Any, meter_provider: Any, origin: str) -> Session:  # fmt: skip
+    """The first configure()/instrument() of a session that bare calls started: its
+    settings and providers apply (the lock is held)."""
+    global _current
+    session.origin = origin
+    if not session.exporting:  # nothing left it yet: it takes them, and keeps its records
+        check_exporters(settings)
+        session.take_settings(settings, tracer_provider, meter_provider)
+        try:
+            session.start_exports(strict=True)
+        except BaseException:
+            _current = None  # (a configuration that fails leaves no session behind)
+            session.closed = True
+            session.recorder.enabled = False
+            raise
+        return session
+    conflicts = _conflicts(session, overrides, settings)
+    if not conflicts and session.matches(None, tracer_provider, meter_provider):
+        session.configured = True
+        return session
+    what = "; ".join(conflicts) or "other tracer or meter providers"
+    _log.warning("otel-train: %s gives other settings than those %s started it with (%s), "
+                 "after its exports began: it starts again with them; what was recorded "
+                 "before went out with the earlier settings", origin, BARE_CALL, what)  # fmt: skip
+    _current = None
+    session.shutdown()
+    _current = Session(settings, tracer_provider, meter_provider,
+                       logger_provider=session.logger_provider)  # fmt: skip
+    _current.origin = origin
+    return _current
 
 
 def stopped() -> bool:

@@ -42,7 +42,8 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 the scalars ``loss`` (what ``training_step`` returned; with gradient accumulation, the
 last micro-batch's), ``learning_rate`` (the scheduler's at each optimizer step) and
 ``grad_norm`` (at logging steps, when the Trainer computed it), read without a device
-sync.
+sync; a name the user records (the logged loss from a callback, say) is left to the user
+(Recorder.take_scalars).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class HFTrainerAdapter:
         self.rec.transition(_MICROSTEP_END)
         if isinstance(result, (torch.Tensor, float)):
             # the loss training_step returned (read from the device without a sync)
-            self.rec.record_scalars({"loss": result})
+            self.rec.take_scalars({"loss": result})
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         if not (self.active and self.in_step and module.training and torch.is_grad_enabled()):
@@ -214,14 +215,14 @@ class HFTrainerAdapter:
         if self.active and self.in_step:
             lr = _learning_rate(self.trainer)
             if lr is not None:
-                self.rec.record_scalars({"learning_rate": lr})
+                self.rec.take_scalars({"learning_rate": lr})
             self.finish()
 
     def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         logs = kw.get("logs") or {}
         norm = logs.get("grad_norm")  # a float by now: the Trainer read it for its log
         if self.active and isinstance(norm, (int, float)):
-            self.rec.record_scalars({"grad_norm": float(norm)})
+            self.rec.take_scalars({"grad_norm": float(norm)})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.active and self.in_step:

@@ -33,7 +33,8 @@ instance attribute ``save_checkpoint`` wrapping the class's method, which
 Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract, with
 the scalars ``loss`` (what ``training_step`` returned; with gradient accumulation, the
 last micro-batch's) and ``learning_rate`` (the first parameter group's at each optimizer
-step), read without a device sync.
+step), read without a device sync; a name the user records is left to the user
+(Recorder.take_scalars).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class LightningAdapter:
         if self.active:
             try:  # the learning rate this optimizer step uses (a host value)
                 lr = float(optimizer.param_groups[0]["lr"])
-                self.rec.record_scalars({"learning_rate": lr})
+                self.rec.take_scalars({"learning_rate": lr})
             except Exception:
                 pass
             self.rec.transition(_OPTIMIZER)
@@ -174,7 +175,7 @@ class LightningAdapter:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):  # what training_step returned, read without a sync
-            self.rec.record_scalars({"loss": loss.detach()})
+            self.rec.take_scalars({"loss": loss.detach()})
         # The step ends with its optimizer step; the data gap to the next batch opens.
         self.rec.transition(_GAP_AFTER_STEP if self.stepped else _GAP)
         self.stepped = False

@@ -3,6 +3,12 @@
 Phases and where they are observed:
 
 - ``data``: around each ``next()`` on the instrumented DataLoader's iterator (host clock).
+  The batch's samples and tokens count in the step that consumes it: the step open at
+  the fetch, or, for a batch fetched after a training forward of the step (nanoGPT
+  fetches the next micro-batch between forward and backward), the step of the next
+  training forward. So a batch fetched at the end of a step counts in the next one, and
+  the last, never trained on, in none. (A model compiled after ``instrument()`` runs no
+  timed forward: there every batch counts in the step open at its fetch.)
 - ``forward``: from the start of the model's ``forward`` (training mode, grad enabled;
   the instance's ``forward`` is wrapped while instrumented) until backward starts, so
   the loss computation belongs to forward.
@@ -35,6 +41,7 @@ import torch
 
 from ..recording.precision import autocast_label
 from ..recording.recorder import ADAPTER, Recorder, boundary
+from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
@@ -47,7 +54,9 @@ _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compile
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
 _DATA = boundary(None, "data", begin=ADAPTER)
 _DATA_NEXT_STEP = boundary(None, "data", begin=ADAPTER, end=ADAPTER)  # no optimizer= given
+_DATA_END = boundary("data", None)
 _FORWARD = boundary("forward", "forward", begin=ADAPTER)
+_FORWARD_COUNTED = boundary("forward", "forward", begin=ADAPTER, counted=True)  # a batch's
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
 # A compiled forward (traced: no hook of ours runs) and no loader to open the next step:
@@ -117,7 +126,11 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
                 padded = tokens
         else:
             samples, tokens, padded = adapter.counts_of(batch)
-        rec.data_fetched(t, samples, tokens, padded)
+        if adapter.after_forward:  # (the next training forward consumes it)
+            rec.transition(_DATA_END)
+            adapter.hold(samples, tokens, padded)
+        else:
+            rec.data_fetched(t, samples, tokens, padded)
     except Exception:
         _log.exception("otel-train: timing a data fetch failed")
     return batch
@@ -175,6 +188,8 @@ class TorchLoopAdapter:
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
+        self.after_forward = False  # a training forward ran since the optimizer's step
+        self.held: Counts | None = None  # counts of batches fetched after it, till the next
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -182,6 +197,15 @@ class TorchLoopAdapter:
             return self.counter(batch)
         except Exception:
             return None, None, None
+
+    def hold(self, samples: int | None, tokens: int | None, padded: int | None) -> None:
+        """A fetched batch's counts, until the training forward that consumes it."""
+        held = self.held
+        if held is None:
+            self.held = (samples, tokens, padded)
+        else:
+            self.held = (add_count(held[0], samples), add_count(held[1], tokens),
+                         add_count(held[2], padded))  # fmt: skip
 
     def count(self, batch: Any) -> None:
         """Add the batch's counts to the adapter step open now (an explicit step carries
@@ -203,7 +227,13 @@ class TorchLoopAdapter:
         if not module.training or not torch.is_grad_enabled():
             return
         try:
-            self.rec.transition(_FORWARD)
+            held = self.held
+            if held is not None:  # the batches fetched after the last forward: this one's
+                self.held = None
+                self.rec.counted_transition(_FORWARD_COUNTED, *held)
+            else:
+                self.rec.transition(_FORWARD)
+            self.after_forward = True
             if not self.has_loader:
                 self.count(args)
             if self.precision_checks:
@@ -245,6 +275,7 @@ class TorchLoopAdapter:
         if not self.active:
             return
         try:
+            self.after_forward = False
             if self.compiled and not self.has_loader:
                 self.rec.transition(_OPTIMIZER_END_OPENS)
                 return

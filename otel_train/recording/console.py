@@ -20,6 +20,7 @@ of this table, and their share of that process's device.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from .batch import StepBlock
@@ -77,6 +78,9 @@ class ConsoleReporter:
         self.record_dir = record_dir
         self._head = f"otel-train [{label}]" if label else "otel-train"
         self._stream_name = stream
+        # Where the text goes instead of the stream when set: the sidecar's hands it to
+        # the training process, which writes it to its own sys.stderr/sys.stdout object.
+        self.sink: Callable[[str], None] | None = None
         self.device_total: int | None = None
         # (depth, phase) -> totals; the window folds into the run table when it resets.
         self._window: dict[tuple[int, str], _PhaseTotals] = {}
@@ -229,8 +233,15 @@ class ConsoleReporter:
                 f"{name:<24}{fmt_seconds(per_step):>12}{_pct(pct, t):>9}"
                 f"{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"
             )
-        print("\n".join(lines), file=out, flush=True)
+        self._write("\n".join(lines), out)
         self._reset_window()
+
+    def _write(self, text: str, out: TextIO) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(text)
+        else:
+            print(text, file=out, flush=True)
 
     def _efficiency_head(self) -> str:
         tracker = self.efficiency
@@ -311,7 +322,7 @@ class ConsoleReporter:
             text = self.summary_text()
             if self.record_dir is not None:
                 text += "\n" + record_line(self.record_dir)
-            print(text, file=out, flush=True)
+            self._write(text, out)
 
 
 def record_line(directory: str) -> str:

@@ -37,7 +37,7 @@ from .records import (
     OpenStep,
     newest_time,
 )
-from .scopes import BACKGROUND, CYCLE, EXPLICIT, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
 
 if TYPE_CHECKING:
@@ -231,6 +231,26 @@ class DeferredLog(PhaseMachine):
         self._steps_limit = steps
         self._on_full = take
 
+    def holds_anything(self) -> bool:
+        """Whether anything was recorded here that has not been handed on (its log, an
+        open or finished step, a background tree, loose scalars)."""
+        with self._lock:
+            return bool(
+                self._log
+                or self._current is not None
+                or self._pending
+                or self._scoped
+                or self.background_open
+                or self._orphans
+                or self.loose_scalars
+                or self._next_index
+            )
+
+    def no_backlog_taker(self) -> None:
+        """Back to the default after :meth:`on_backlog`: past ``MAX_LOG`` entries the log
+        is applied here, and finished steps wait for the worker."""
+        self.on_backlog(self.settle, MAX_LOG, INT64_MAX)
+
     def _take_due(self) -> None:
         self._due = False
         self._on_full()
@@ -293,7 +313,9 @@ class DeferredLog(PhaseMachine):
         elif kind == LINK:  # (None, 0, LINK, parent): the open step's (links.Parent)
             self._link_at(item[3])
         elif kind == ENTER_REMOTE:  # (stack, t, ENTER_REMOTE, name, parent or None, span)
-            if self.enabled:  # (the holder counts as an open tree: only if entered)
+            if item[4] is None and self._current is not None:
+                self._enter_at(item[3], item[1], item[0])  # a bad carrier in a step: a phase
+            elif self.enabled:  # (the holder counts as an open tree: only if entered)
                 holder = self._remote_holder(item[1], item[4], item[5])
                 self._enter_at(item[3], item[1], item[0], holder)
         else:  # (None, 0, DISCARD, name): an exhausted loader's step

@@ -187,10 +187,19 @@ class CarrierGate:
 
 
 def warn_bad_parent(why: str, where: str) -> None:
+    """One warning; ``where``: "phase" (recorded as a phase of the step open here, as if
+    no parent= were given; outside any step, on its own) or "step"."""
+    what = (
+        "a phase of the step open here, as if no parent= were given (outside any step: "
+        "on its own, without a parent)"
+        if where == "phase"
+        else "a step without a parent"
+    )
     _log.warning(
-        "otel-train: %s(parent=...) got %s; it is recorded here without a parent (warned "
-        "once per session). A carrier is what otel_train.carrier() returned inside a step "
-        "of this run.",
+        "otel-train: %s(parent=...) got %s; it is recorded as %s (warned once per "
+        "session). A carrier is what otel_train.carrier() returned inside a step of this "
+        "run.",
         where,
         why,
+        what,
     )

@@ -58,6 +58,7 @@ from .records import (
 )
 from .scopes import (
     ADAPTER,
+    BUILT_WITH,
     CYCLE,
     DATA_FETCHED,
     EXPLICIT,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADAPTER",
+    "BUILT_WITH",
     "CYCLE",
     "DATA_FETCHED",
     "EXPLICIT",
@@ -123,6 +125,7 @@ class Recorder(DeferredLog):
         super().__init__(settings, replica, debug)
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
+        self._user_scalars: set[str] = set()  # names record_scalars was given: the user's
         self.dropped_scalars = 0
         self._warned_parent = False  # a bad carrier is warned about once
         self._warned_token = False  # and a bad token (tokens.py)
@@ -433,11 +436,19 @@ class Recorder(DeferredLog):
     ) -> None:
         """A loader's fetch ended at ``t``: exit its ``data`` phase and add the batch's
         counts to the adapter step open then (one log entry instead of two)."""
+        self.counted_transition(DATA_FETCHED, samples, tokens, padded, t)
+
+    def counted_transition(
+        self, b: Boundary, samples: int | None, tokens: int | None, padded: int | None,
+        t: int = 0,
+    ) -> None:  # fmt: skip
+        """Boundary ``b`` (made with ``counted=True``) at ``t`` (0: now), adding a batch's
+        counts to the adapter step open after it: the step that consumes the batch."""
         if not self.enabled:
             self._disabled()
             return
         try:
-            entry = (self._tls_stack(), t, DATA_FETCHED, samples, tokens, padded)
+            entry = (self._tls_stack(), t or perf_counter_ns(), b, samples, tokens, padded)
             self._record(entry, self._defer)
         except Exception:
             self._fail()
@@ -468,7 +479,20 @@ class Recorder(DeferredLog):
 
     def record_scalars(self, values: dict[str, Any]) -> None:
         """Keep ``values`` for the step open now (else as loose scalars): bounded names,
-        and values that need no device read (a CUDA tensor is copied without a sync)."""
+        and values that need no device read (a CUDA tensor is copied without a sync).
+        What the user records (``otel_train.record``): its names are theirs from now on."""
+        self._keep_scalars(values, self._user_scalars.add)
+
+    def take_scalars(self, values: dict[str, Any]) -> None:
+        """Scalars an adapter takes by itself (a trainer's loss, its learning rate): kept
+        like the user's, but a name the user has recorded is left to the user."""
+        user = self._user_scalars
+        if user:
+            values = {k: v for k, v in values.items() if k not in user}
+        if values:
+            self._keep_scalars(values, None)
+
+    def _keep_scalars(self, values: dict[str, Any], mark: Any) -> None:
         if not self.enabled:
             return
         try:
@@ -476,6 +500,8 @@ class Recorder(DeferredLog):
             names = self._scalar_names  # (set operations are atomic under the GIL)
             for key, value in values.items():
                 name = clean_name(key)
+                if mark is not None:
+                    mark(name)
                 if name not in names:
                     if len(names) >= MAX_SCALAR_NAMES:
                         self.dropped_scalars += 1  # bounded series: new names past the cap

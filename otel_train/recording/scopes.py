@@ -32,6 +32,21 @@ MAX_LOG = 4096  # deferred boundaries held before the training thread applies th
 SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
 INT64_MAX = 2**63 - 1
 
+# The settings a recorder reads once, when it is built (machine.py, the carrier gate of
+# links.py, the debugging hooks of debug_hooks.py); others it reads where it uses them.
+# tests/unit/test_early_calls.py checks this list against the recording code.
+BUILT_WITH = (
+    "device_timing",
+    "max_pending_steps",
+    "memory",
+    "reset_peak_memory",
+    "trace_steps",
+    "trace_window_seconds",
+    "profile_steps",
+    "debug_dir",
+    "memory_snapshot",
+)
+
 # A boundary's fields, by position: (close, open, begin, end, counted).
 B_CLOSE, B_OPEN, B_BEGIN, B_END, B_COUNTED = range(5)
 Boundary = tuple[str | tuple[str, ...] | None, str | None, int, int, bool]

@@ -164,6 +164,8 @@ class Worker:
             except Exception:  # (a closed stdout, say): the tables stop, the rest goes on
                 self.console = ConsoleReporter(0, "off")
                 _log.exception("otel-train: printing the console table failed; it is off")
+            if batch.scalars:
+                self._loose_scalars(batch.scalars)
             sampler = self.sampler
             for block in blocks:
                 self._emit(sampler.offer(block))
@@ -181,16 +183,20 @@ class Worker:
             return n
 
     def _take(self) -> Batch:
-        """Finished steps in order (source.py); their loose scalars go out at once."""
+        """Finished steps in order (source.py), and the scalars recorded outside them."""
         batch = self.source.take()
         self.counters = batch.counters
-        if batch.scalars:
-            with self.agg.lock:
-                for name, v in batch.scalars:
-                    self.agg.set(c.SCALAR.name, ((A_NAME, name),), v)
-            for name, v in batch.scalars:
-                self.console.last_scalars[name] = v
         return batch
+
+    def _loose_scalars(self, scalars: list[tuple[str, float]]) -> None:
+        """Scalars recorded outside steps, set after the batch's steps' own: a value the
+        user records between steps (a trainer's logged loss, say) stands over a step's
+        earlier one of the same name taken in the same batch."""
+        with self.agg.lock:
+            for name, v in scalars:
+                self.agg.set(c.SCALAR.name, ((A_NAME, name),), v)
+        for name, v in scalars:
+            self.console.last_scalars[name] = v
 
     def _update_metrics(self, blocks: list[StepBlock]) -> int:
         """Metrics of a batch's steps; returns how many steps it held. Per step, values

@@ -254,10 +254,16 @@ class Agent:
             self.hangs.told(message[1])
         elif kind == wire.HANG_DETAILS:
             self.hangs.told(message[2], message[1])
+        elif kind == wire.CONSOLE_TO:  # (the worker's thread reads it at its next print)
+            self.worker.console.sink = self._hand_back if message[1] else None
         elif kind == wire.END:
             self.end(message[1])
             return False
         return True
+
+    def _hand_back(self, text: str) -> None:
+        """A console table or the summary, for the training process to print."""
+        self._out((wire.CONSOLE, text))
 
     def flush(self, timeout_s: float) -> bool:
         """Every step that arrived in the metrics, its spans exported; bounded."""

@@ -29,6 +29,7 @@ from ..recording.scopes import B_BEGIN
 from ..recording.source import Batch, Counters, StepSource
 from ..settings import ConfigError, Settings
 from . import wire
+from .handback import ConsoleHandback
 from .process import SidecarProcess
 from .raw import RawHandover
 
@@ -101,6 +102,8 @@ class Feeder:
             directory = record.directory if record is not None else settings.debug_dir
             self.hangs = LocalHangs(source.recorder, regions, directory, hang_label())
         self._probe: tuple[float, float] | None = None
+        self.console = ConsoleHandback(settings.console, self.process.send)
+        self.console.sync()
         self._last_pump = time.monotonic()
         self._stop = threading.Event()
         threading.Thread(target=self._tick, name="otel-train-feeder", daemon=True).start()
@@ -248,6 +251,7 @@ class Feeder:
         self._facts = None
 
     def _read_control(self) -> None:
+        self.console.sync()
         for message in self.process.read():
             self._apply(message)
 
@@ -277,6 +281,8 @@ class Feeder:
         elif message[0] == wire.IDLE:
             with self.source.recorder._lock:
                 self.handover.on_idle(*message[1:])
+        elif message[0] == wire.CONSOLE:
+            self.console.write(message[1])
 
     def forget(self) -> None:
         """In a forked child: drop the parent's pipe ends without touching the sidecar."""
@@ -289,12 +295,14 @@ class Feeder:
         """Every step finished so far in the sidecar's metrics and exports; bounded."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
+            self.console.sync()
             self._pump(final=True)
             self._flush_seq += 1
             seq = self._flush_seq
             self.process.send((wire.FLUSH, seq, max(0.0, timeout_s - 0.1)))
+            kinds = (wire.FLUSHED, wire.ARM, wire.IDLE, wire.CONSOLE)
             while True:
-                answer = self.process.wait_for((wire.FLUSHED, wire.ARM, wire.IDLE), deadline)
+                answer = self.process.wait_for(kinds, deadline)
                 if answer is None:
                     return False
                 if answer[0] != wire.FLUSHED:
@@ -313,5 +321,10 @@ class Feeder:
                 if not self.source.has_work() or time.monotonic() >= drain_until or self.dead:
                     break
                 time.sleep(0.005)
+            self.console.sync()  # (where the summary goes)
             self.process.send((wire.END, max(0.0, deadline - time.monotonic())))
-            return self.process.end(deadline)
+            in_time = self.process.end(deadline)
+            for message in self.process.last_messages:
+                if message[0] == wire.CONSOLE:
+                    self.console.write(message[1])
+            return in_time

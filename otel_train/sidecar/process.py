@@ -68,6 +68,7 @@ class SidecarProcess:
         self.queued = 0  # bytes in the outbox and the buffer
         self._control = wire.FrameReader()
         self.dead = False
+        self.last_messages: list[tuple[Any, ...]] = []  # what it said while it ended
 
     @property
     def pid(self) -> int:
@@ -143,18 +144,39 @@ class SidecarProcess:
         return not self.dead and not self._out
 
     def end(self, deadline: float) -> bool:
-        """Close its stdin and wait for it to exit by ``deadline`` (killed past it)."""
+        """Close its stdin and wait for it to exit by ``deadline`` (killed past it),
+        reading what it says meanwhile into :attr:`last_messages` (its run summary)."""
         written = self.wait_written(deadline)
         self._close_pipes(stdout=False)
         try:
-            code = self.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            _log.warning("otel-train: the sidecar did not finish by the shutdown deadline")
-            return False
+            self._read_to_end(deadline)
+            try:
+                code = self.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                _log.warning("otel-train: the sidecar did not finish by the shutdown deadline")
+                return False
         finally:
             self._close_pipes(stdin=False)
         return written and code == 0
+
+    def _read_to_end(self, deadline: float) -> None:
+        """Its messages until it closes its end of the pipe (it exits), by ``deadline``
+        (read as they come: a full pipe would hold it up)."""
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self._r], [], [], min(left, 0.05))[0]:
+                if self.proc.poll() is not None:
+                    return
+                continue
+            try:
+                data = os.read(self._r, 65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            self.last_messages += self._control.feed(data)
 
     def kill(self) -> None:
         self.dead = True

@@ -15,14 +15,17 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``;
 - ``(PROGRESS, progress)``: the training thread's latest boundary (recording/hangs.py's
   Progress), about every second from the feeder's thread;
-- ``(HANG_DETAILS, details)``: the details a ``HANG_PROBE`` asked for (hang_details.py).
+- ``(HANG_DETAILS, details)``: the details a ``HANG_PROBE`` asked for (hang_details.py);
+- ``(CONSOLE_TO, forward)``: print the console tables and the run summary here (False),
+  or hand them back as ``CONSOLE`` (True: the training process's ``sys.stderr`` or
+  ``sys.stdout`` is not its own descriptor, say under ``redirect_stderr`` or Jupyter).
 
 Sidecar -> training process (its stdout): ``(READY,)`` or ``(FAILED, kind, message)``
 once its SDK is built (the training process waits for one: errors stay configure-time
 errors), ``(ARM, at_index)`` (count the FLOPs of a
 new batch shape), ``(FLUSHED, seq)``, ``(IDLE, session, position, next_index,
-step_stack_token)`` (raw.py), ``(HANG_PROBE, age, limit)`` (a hang record is due: send
-its details).
+step_stack_token)`` (raw.py), ``(CONSOLE, text)`` (a table or the summary, to print),
+``(HANG_PROBE, age, limit)`` (a hang record is due: send its details).
 
 A frame is a 4-byte little-endian length and the pickled message.
 """
@@ -43,7 +46,8 @@ from ..recording.tokens import Consumed
 HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
 READY, FAILED = range(11, 13)
 FIRST = 13
-PROGRESS, HANG_PROBE, HANG_DETAILS = range(14, 17)
+CONSOLE_TO, CONSOLE = 14, 15
+PROGRESS, HANG_PROBE, HANG_DETAILS = range(16, 19)
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
 

@@ -263,7 +263,8 @@ def test_second_instrument_returns_the_same_handle(rig: Rig, otel_kwargs) -> Non
 
 
 _RECORDER_METHODS = ("begin_step", "end_step", "enter", "exit", "exit_if_top", "add_counts",
-                     "discard_step_if_only", "open_phase_names", "record_scalars")  # fmt: skip
+                     "discard_step_if_only", "open_phase_names", "record_scalars",
+                     "take_scalars", "counted_transition")  # fmt: skip
 
 
 def test_an_exception_inside_a_hook_never_reaches_training(

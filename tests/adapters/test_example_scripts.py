@@ -5,8 +5,8 @@ a real Collector (the one of the fault tests, tests/faults/collector_helpers.py)
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 
 TESTS = Path(__file__).resolve().parents[1]
 EXAMPLES = TESTS.parent / "examples"
@@ -39,7 +40,7 @@ EXAMPLE_RUNS = [
 def run_example(script: str, args: list[str], **env_extra: str) -> str:
     """Run ``examples/<script>`` to its end with only ``env_extra`` of the OTel variables;
     it must exit 0 without a traceback. Its output."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     env.update(HF_HUB_OFFLINE="1", **env_extra)
     result = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
                             text=True, timeout=300, env=env)  # fmt: skip
@@ -92,3 +93,19 @@ def test_example_exports_under_its_own_name_when_the_environment_names_none(
 ) -> None:
     run_example("plain_loop.py", [], OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
     assert service_names(collector) == {"plain-loop"}
+
+
+def test_the_rl_example_fails_when_its_shutdown_misses_the_deadline(tmp_path: Path) -> None:
+    """The end-to-end stack test runs the RL example and checks its exit status: a
+    shutdown cut short by its deadline (here: a Collector address nobody listens on, a
+    0.5 s deadline) must fail the run, not pass quietly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed again: nothing listens there)
+    env = job_env()
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+               OTEL_TRAIN_SHUTDOWN_TIMEOUT="0.5", OTEL_TRAIN_RUN_DIR=str(tmp_path))  # fmt: skip
+    done = subprocess.run([sys.executable, str(EXAMPLES / "rl_loop.py"), "--iterations", "20"],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "otel_train.shutdown() missed its deadline" in done.stderr

@@ -108,3 +108,38 @@ def test_the_trainers_loss_learning_rate_and_grad_norm_are_recorded(tel, otel_kw
     assert 0 < scalars["loss"] < 20  # a cross-entropy over a 64-token vocabulary
     assert scalars["learning_rate"] == pytest.approx(trainer.lr_scheduler.get_last_lr()[0])
     assert scalars["grad_norm"] == pytest.approx(logged[-1]["grad_norm"])
+
+
+@pytest.mark.parametrize("flush_at_log", [False, True], ids=["one batch", "a batch a log"])
+def test_a_loss_the_user_records_wins_over_the_adapters_own(
+    tel, otel_kwargs, flush_at_log: bool
+) -> None:
+    """A callback records the logged loss in on_log (issue 25 item 3): from then on the
+    ``loss`` scalar is the user's; the adapter's per-step loss no longer overwrites it,
+    and the adapter's other figures (learning_rate) are still there. Whether the steps
+    around a log reach the exporters with it (one batch at the end of a short run) or
+    after it (``flush_at_log``: as in a long run, later batches than the log's)."""
+    from transformers import TrainerCallback
+
+    logged: list[float] = []
+
+    class LogLoss(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: object, state: object, control: object, logs=None, **kw) -> None:
+            if logs and "loss" in logs:
+                logged.append(logs["loss"])
+                otel_train.record(loss=logs["loss"])
+                if flush_at_log:
+                    assert otel_train.flush()
+
+    # Logs at steps 2 and 4; step 5 ends the run with an unlogged loss of the adapter's.
+    trainer = hf_trainer(grad_accum=1, max_steps=5, batch_size=4, logging_strategy="steps",
+                         logging_steps=2)  # fmt: skip
+    trainer.add_callback(LogLoss())
+    otel_train.instrument(trainer, **otel_kwargs)
+    trainer.train()
+    otel_train.shutdown()
+
+    assert len(logged) == 2
+    scalars = {p.attributes[c.A_NAME]: p.value for p in tel.points(c.SCALAR.name)}
+    assert scalars["loss"] == logged[-1]
+    assert scalars["learning_rate"] == trainer.lr_scheduler.get_last_lr()[0]

@@ -5,7 +5,6 @@ scores. Shared by test_torchrun_ranks.py and test_thanos_store.py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from scratch import job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
@@ -83,7 +83,7 @@ def run_ddp(stack: Any, tmp: Path, ranks: int, slow: int) -> dict[str, Any]:
     script = tmp / "train.py"
     script.write_text(TRAIN)
     service = f"ddp{ranks}-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     env.update(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ import uuid
 from typing import Any
 
 import pytest
+from scratch import job_env
 from stack_helpers import (
     ROOT,
     attrs,
@@ -106,7 +106,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tag = uuid.uuid4().hex[:8]
     names = {"trainer": f"trainer-{tag}", "generator": f"generator-{tag}"}
     with running_stack(tmp_path_factory.mktemp("carrier-stack")) as stack:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env = job_env()
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}"
         env["OMP_NUM_THREADS"] = "1"
         start = time.time()

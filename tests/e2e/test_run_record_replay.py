@@ -14,7 +14,6 @@ OTLP/JSON, so this replay checks the format with the real Collector too.)
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 from stack_helpers import dashboard_queries, jaeger_traces, poll, prom, query_data, running_stack
 
 from otel_train import contract as c
@@ -68,7 +68,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A job's run record (8 epochs of 16 steps), and the stack to replay it into."""
     tmp = tmp_path_factory.mktemp("replay")
     service = f"record-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     env["OTEL_SERVICE_NAME"] = service
     env["OTEL_TRAIN_CONSOLE"] = "off"
     env["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"  # a snapshot a second in the record

@@ -18,7 +18,6 @@ process behind.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env as clean_job_env
 from stack_helpers import (
     attrs,
     dashboard_queries,
@@ -82,7 +82,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def job_env(stack: Any, service: str, prometheus: bool, export_interval: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = clean_job_env()
     env.update(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}",

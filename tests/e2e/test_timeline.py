@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 
 from otel_train import contract as c
 
@@ -70,7 +71,7 @@ def test_the_timeline_parses_with_steps_phases_and_the_profiler_on_one_clock(
     tmp_path: Path,
 ) -> None:
     _trace_model()  # (before the job: fail early without node)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path / "runs"),
                           str(tmp_path / "debug")], env=env, capture_output=True, text=True,
                          timeout=300)  # fmt: skip

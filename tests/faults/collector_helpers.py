@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env as clean_job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,11 +236,8 @@ def wait_for(fn: Any, what: str, timeout: float = 60.0) -> Any:
 
 
 def job_env(endpoint: str | None, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = clean_job_env(("OTEL_TRAIN_", "OTEL_EXPORTER_", "OTEL_BSP_"))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for name in list(env):
-        if name.startswith(("OTEL_TRAIN_", "OTEL_EXPORTER_", "OTEL_BSP_")):
-            del env[name]
     env.update(
         {
             "OTEL_TRAIN_TRACE_STEPS": "all",
@@ -288,7 +286,9 @@ def collector_down(warmup: int, steps: int, timeout_s: float) -> dict[str, Any]:
 
 # -- the logs signal, and data by the resource's rank -------------------------------------
 
-_RESOURCE = re.compile(r"Resource(?:Log|Metrics|Spans) #\d+\n(.*?)(?=Resource(?:Log|Metrics|Spans) #|\Z)", re.S)
+_RESOURCE = re.compile(
+    r"Resource(?:Log|Metrics|Spans) #\d+\n(.*?)(?=Resource(?:Log|Metrics|Spans) #|\Z)", re.S
+)
 _ATTRIBUTE = re.compile(r"^\s+-> ([\w.]+): (\w+)\((.*?)\)$(?=\n\s+-> |\n[A-Z]|\n*\Z)", re.M | re.S)
 
 

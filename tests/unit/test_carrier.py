@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from otel_helpers import providers, step_spans, tiny_loader, tiny_model
+from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_model
 
 import otel_train
 from otel_train import contract as c
 from otel_train.recording.links import StepLink
 from otel_train.recording.resolved import ResolvedStep
+from otel_train.runs import record_data
 from otel_train.sidecar import wire
 from otel_train.testing import InMemoryTelemetry
 
@@ -147,6 +149,51 @@ def test_a_bad_carrier_gives_a_local_phase_and_one_warning(
     assert len(warned) == 1
     assert _count(tel, "rollout") == 2
     assert not [s for s in tel.spans() if s.name == "rollout" and s.parent is not None]
+
+
+@pytest.mark.parametrize("bad", list(BAD.values()), ids=list(BAD))
+def test_a_bad_carrier_inside_a_step_gives_a_phase_of_that_step(
+    bad: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As if no parent= were given (issue 25 item 5): the rollout is a phase of the step
+    open here, in its trace, with what nests in it; one warning saying so."""
+    tel = _session(trace_steps="all")
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(2):
+            with (
+                otel_train.step(),
+                otel_train.phase("rollout", parent=bad),
+                otel_train.phase("generate"),
+            ):
+                time.sleep(0.001)
+    otel_train.shutdown()
+    spans = tel.spans()
+    steps = step_spans(spans)
+    assert len(steps) == 2
+    for step in steps:
+        (rollout,) = [s for s in children_of(spans, step) if s.name == "rollout"]
+        assert [s.name for s in children_of(spans, rollout)] == ["generate"]
+    assert _count(tel, "rollout") == 2 and _count(tel, "generate") == 2
+    warned = [r.getMessage() for r in caplog.records if "parent=" in r.getMessage()]
+    assert len(warned) == 1 and "a phase of the step open here" in warned[0]
+
+
+def test_a_bad_carrier_inside_a_step_gives_a_phase_of_it_through_the_sidecar(
+    tmp_path: Path,
+) -> None:
+    """The same where the sidecar replays the log (its spans read from the run record)."""
+    otel_train.configure(console="off", prometheus=False, trace_steps="all",
+                         run_dir=str(tmp_path), service_name="bad-carrier")  # fmt: skip
+    assert otel_train.session.current().feeder is not None  # (the sidecar runs)
+    for bad in BAD.values():
+        with otel_train.step(), otel_train.phase("rollout", parent=bad):
+            time.sleep(0.001)
+    assert otel_train.shutdown()
+    (rank,) = record_data.load(next(tmp_path.iterdir()))
+    steps = {s["spanId"] for s in rank.spans if s["name"] == c.STEP_SPAN.name}
+    rollouts = [s for s in rank.spans if s["name"] == "rollout"]
+    assert len(steps) == len(BAD) == len(rollouts)
+    assert {s["parentSpanId"] for s in rollouts} == steps
 
 
 def test_a_carrier_from_another_run_is_a_bad_one(

@@ -320,20 +320,6 @@ def test_equal_values_on_a_live_session_are_no_conflict() -> None:
     assert otel_train.session.current() is sess
 
 
-def test_a_conflict_names_each_setting_both_values_and_the_first_call() -> None:
-    """A bare record() started a default session; instrument() with other values is an
-    error that says which settings differ, how, and what started the session."""
-    otel_train.record(loss=1.0)
-    model, opt = tiny_model()
-    with pytest.raises(otel_train.ConfigError) as err:
-        otel_train.instrument(model, optimizer=opt, console_every=0, console="off")
-    text = str(err.value)
-    assert "setting 'console_every' is 100 there, 0 here" in text
-    assert "setting 'console' is 'stderr' there, 'off' here" in text
-    assert "started by a step(), phase(), record() or region() call" in text
-    assert "forward" not in vars(model)
-
-
 def test_bare_calls_after_shutdown_start_nothing_and_warn_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from scratch import job_env
 
 import otel_train
 from otel_train import contract as c
@@ -34,7 +35,7 @@ JOB = textwrap.dedent("""
 
 
 def _run(tmp_path: Path, run_dir: str = "runs", **env: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **env}
+    env = {**job_env(), **env}
     where = run_dir if run_dir == "off" else str(tmp_path / run_dir)
     return subprocess.run([sys.executable, "-c", JOB, where], env=env,
                           capture_output=True, text=True, timeout=180)  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from otel_helpers import tiny_loader, tiny_model, train_epoch
 from prometheus_client.parser import text_string_to_metric_families
+from scratch import job_env
 
 import otel_train
 from otel_train import contract as c
@@ -199,7 +200,7 @@ def test_console_stdout_reaches_the_training_process_stdout(tmp_path: Any) -> No
         assert otel_train.shutdown()
         print("trained")
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = job_env()
     done = subprocess.run([sys.executable, "-c", job], env=env, capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
