@@ -322,6 +322,8 @@ class Feeder:
                     break
                 time.sleep(0.005)
             self.console.sync()  # (where the summary goes)
+            if self.hangs is not None:  # (the last word: a stall that just ended resolves)
+                self.process.send((wire.PROGRESS, tuple(self.hangs.progress())))
             self.process.send((wire.END, max(0.0, deadline - time.monotonic())))
             in_time = self.process.end(deadline)
             for message in self.process.last_messages:

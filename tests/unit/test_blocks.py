@@ -81,8 +81,10 @@ def _outcome(tel: InMemoryTelemetry) -> tuple[list[Any], dict[str, list[Any]]]:
     )
     metrics: dict[str, list[Any]] = {}
     for name, m in tel.metrics().items():
-        if name == c.OVERHEAD.name or name.startswith("otel_train.process."):
-            continue  # the worker's own CPU time, the process's memory and CPU
+        if name in (c.OVERHEAD.name, c.PROGRESS_AGE.name) or name.startswith(
+            ("otel_train.process.", "process.")
+        ):
+            continue  # the worker's CPU time, the last boundary's age, the process's memory
         points = []
         for p in m.data.data_points:
             attrs = sorted(p.attributes.items())
