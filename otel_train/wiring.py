@@ -98,7 +98,8 @@ def build_consumer(
     if hangs is not None and settings.hang_after != "off":
         logger = logger_for(t.logger_provider, version)
         stall = efficiency.note_stall if efficiency is not None else None
-        worker.hangs = hangs.watch = HangWatch(settings, logger, hangs.progress, hangs.ask, stall)
+        watch = HangWatch(settings.hang_after, logger, hangs.progress, hangs.ask, stall)
+        worker.hangs = hangs.watch = watch
     return Consumer(aggregator, publisher, worker)
 
 

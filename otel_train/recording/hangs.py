@@ -15,7 +15,7 @@ rule reads; they are set on every tick, so they keep rising while the rank is st
 
 Usage (what wiring.py does)::
 
-    watch = HangWatch(settings, logger, progress=lambda: ..., ask=lambda age, limit: ...)
+    watch = HangWatch(8.0, logger, progress=lambda: ..., ask=lambda age, limit: ...)
     watch.tick(now_ns, stepped=True)       # the worker, every wake
     watch.report(details)                  # the details ask() asked for
 """
@@ -64,16 +64,17 @@ class _Stall:
 class HangWatch:
     def __init__(
         self,
-        settings: Any,
+        after: float | str,
         logger: Logger | None,
         progress: Callable[[], Progress | None],
         ask: Callable[[float, float], None],
         stall: Callable[[int, int], None] | None = None,
     ) -> None:
-        """``progress``: the latest word from the training process (None: none yet);
+        """``after``: the hang_after setting; ``progress``: the latest word from the
+        training process (None: none yet);
         ``ask``: request the details for a record (they come back through report());
         ``stall``: where a resolved stall's extent goes (goodput)."""
-        self.after: float | str = settings.hang_after
+        self.after = after
         self._logger = logger
         self._progress = progress
         self._ask = ask
