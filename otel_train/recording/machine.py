@@ -427,7 +427,7 @@ class StepMachine:
         span's ids chosen now (hangs.py)."""
         link = self._own_link(t)
         step = self._current
-        if link is not None and step is not None and not link.sampled:
+        if link is not None and step is not None and not link.hang:
             link = step.link = link._replace(sampled=True, hang=True)
         return link
 
