@@ -1,6 +1,7 @@
 """The run summary in the console's table form, from a rank's last metric snapshot:
 cumulative time per phase with its share of wall time, calls, and peak memory per phase
-with its share of the device; then the run's other processes' phases (a generator's
+with its share of the device; time waiting in collectives; then the run's other
+processes' phases (a generator's
 rollouts: ``rollout [generator]``, from its own record), which take no share of the
 trainer's wall time (they ran beside it)."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import contract as c
+from ..recording.collectives import label, phase_name
 from ..recording.console import fmt_bytes, fmt_seconds
 from . import figures as f
 from .histogram import Histogram
@@ -63,6 +65,27 @@ def remote_rows(
     return rows
 
 
+def wait_rows(rank: RankRecord) -> list[str]:
+    """Time in collectives (otel_train.collective.duration): a row per collective, and its
+    share of step time, as the console's summary says it."""
+    wall = sum(f.last_values(rank, c.RUN_TIME.name).values())
+    rows, total = [], 0.0
+    waits = f.last_values(rank, c.COLLECTIVE_DURATION.name)
+    for attrs, h in sorted(waits.items(), key=lambda kv: -kv[1].total if kv[1] else 0.0):
+        if not isinstance(h, Histogram):
+            continue
+        a = dict(attrs)
+        name = label(phase_name(str(a.get(c.A_COLLECTIVE_OP)), str(a.get(c.A_COLLECTIVE_GROUP))))
+        share = f"{100.0 * h.total / wall:>8.1f}%" if wall > 0 else f"{'-':>9}"
+        rows.append(f"{name:<24}{fmt_seconds(h.total):>12}{share}{h.count:>8.0f}{'-':>13}{'-':>10}")
+        total += h.total
+    steps = [h for h in f.last_values(rank, c.STEP_DURATION.name).values() if h]
+    in_steps = sum(h.total for h in steps if isinstance(h, Histogram))
+    if total > 0 and in_steps > 0:
+        rows.append(f"waiting in collectives {100.0 * total / in_steps:.1f}% of step time")
+    return rows
+
+
 def summary_text(rank: RankRecord, others: Sequence[RankRecord] = ()) -> str:
     steps = sum(f.last_values(rank, c.STEPS.name).values())
     wall = sum(f.last_values(rank, c.RUN_TIME.name).values())
@@ -84,6 +107,7 @@ def summary_text(rank: RankRecord, others: Sequence[RankRecord] = ()) -> str:
         label = "  " * depths.get(name, 0) + name
         lines.append(f"{label:<24}{fmt_seconds(h.total):>12}{share}{h.count:>8.0f}"
                      f"{fmt_bytes(peak):>13}{device:>10}")  # fmt: skip
+    lines += wait_rows(rank)
     for label, (seconds, calls, peak, limit) in sorted(remote_rows(others).items()):
         device = f"{100.0 * peak / limit:.1f}%" if peak is not None and limit else "-"
         lines.append(f"{label:<24}{fmt_seconds(seconds):>12}{'-':>9}{calls:>8.0f}"

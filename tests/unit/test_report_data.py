@@ -9,6 +9,7 @@ import pytest
 from otel_train import contract as c
 from otel_train.runs.page_data import page_data
 from otel_train.runs.record_data import Histogram, RankRecord, Run, Snapshot, _exponential
+from otel_train.runs.summary import summary_text
 
 
 def test_explicit_bucket_quantiles_interpolate_within_the_bucket() -> None:
@@ -89,3 +90,14 @@ def test_time_per_step_by_phase_is_per_step_from_the_first_bin() -> None:
     (phases,) = [ch for ch in data["charts"] if ch["id"] == "phases"]
     (forward,) = phases["series"]
     assert [v for v in forward["values"] if v is not None] == [pytest.approx(0.2)] * 4
+
+
+def test_the_summary_shows_time_waiting_in_collectives() -> None:
+    """Issue 23: the report's summary splits waiting from work as the console does."""
+    snap = _snapshot(100.0, 20, 4.0, 5e8)
+    wait = Histogram(20, 1.0, [0.1, 1.0], [0.0, 20, 0.0])
+    key = ((c.A_COLLECTIVE_GROUP, "default_pg"), (c.A_COLLECTIVE_OP, "all_reduce"))
+    snap.values[(c.COLLECTIVE_DURATION.name, key)] = wait
+    text = summary_text(RankRecord("rank0", {"service.name": "x"}, [snap]))
+    assert "waiting in all_reduce" in text
+    assert "waiting in collectives 25.0% of step time" in text  # 1 s of 4 s in steps
