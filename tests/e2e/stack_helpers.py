@@ -157,13 +157,22 @@ def dashboard(name: str) -> dict[str, Any]:
     return json.loads((DASHBOARDS / f"{name}.json").read_text())  # type: ignore[no-any-return]
 
 
-def dashboard_queries(name: str) -> list[tuple[str, str]]:
-    """(panel title [refId], expr) of every panel query of ``grafana/dashboards/<name>.json``."""
+def dashboard_queries(name: str, kind: str = "prometheus") -> list[tuple[str, str]]:
+    """(panel title [refId], expr) of every panel query of ``grafana/dashboards/<name>.json``
+    on a data source of type ``kind`` (PromQL by default; the log store's LogsQL)."""
     return [
         (f"{p['title']} [{t['refId']}]", t["expr"])
         for p in dashboard(name)["panels"]
         for t in p["targets"]
+        if t["datasource"]["type"] == kind
     ]
+
+
+def logs(stack: Any, query: str) -> list[dict[str, Any]]:
+    """The records a LogsQL query finds in the stack's VictoriaLogs (one JSON a line)."""
+    url = f"http://127.0.0.1:{stack['ports']['VICTORIALOGS']}/select/logsql/query?"
+    with urllib.request.urlopen(url + urllib.parse.urlencode({"query": query}), timeout=10) as r:
+        return [json.loads(line) for line in r.read().decode().splitlines() if line.strip()]
 
 
 def query_data(stack: Any, expr: str, job: str, start: float) -> list[Any]:

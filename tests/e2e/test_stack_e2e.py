@@ -293,8 +293,13 @@ def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any], ki
 # Each dashboard and the runs it is meant for (the 2-rank job: tests/e2e/test_torchrun_ranks.py).
 MEANT_FOR = {"training-overview": ["plain", "demo"], "rl-loop": ["rl"]}
 # Panels of a trainer with generator processes beside it: the RL example here is one
-# process, so test_carrier_e2e.py runs these against its two-process run instead.
-ELSEWHERE = ("Generator against trainer time per step", "Policy staleness")
+# process, so test_carrier_e2e.py runs these against its two-process run instead; and the
+# time in collectives, which these single-process runs have none of (test_torchrun_ranks.py).
+ELSEWHERE = (
+    "Generator against trainer time per step",
+    "Policy staleness",
+    "Time in collectives (share of step time)",
+)
 CASES = [
     (name, kind, panel, expr)
     for name, kinds in MEANT_FOR.items()

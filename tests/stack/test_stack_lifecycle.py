@@ -148,6 +148,7 @@ def test_up_starts_every_process_ready(stack):
         "prometheus",
         "thanos-receive",
         "thanos-query",
+        "victorialogs",
     }
     status = _stack(stack["env"], "status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -519,7 +520,7 @@ def test_the_contracts_derived_figures_compute_in_prometheus(stack):
 
 def test_down_leaves_no_process(stack):
     pids = stack["pids"]
-    assert len(pids) == 5
+    assert len(pids) == 6
     down = _stack(stack["env"], "down")
     stack["down_done"] = True
     assert down.returncode == 0, down.stdout + down.stderr
