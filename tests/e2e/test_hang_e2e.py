@@ -53,6 +53,7 @@ TRAIN = textwrap.dedent("""
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
         step[0] += 1
+        time.sleep(0.25)   # the job goes on for a few seconds after the stall
     assert otel_train.shutdown(), "shutdown missed its deadline"
     dist.destroy_process_group()
 """)

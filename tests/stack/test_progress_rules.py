@@ -208,6 +208,41 @@ def test_a_rank_whose_figures_stop_holds_its_waiting_peers(
     run_promtool(stack_bins, tmp_path, input_series, tests)
 
 
+def test_a_job_that_ends_while_stalled_stops_alerting(stack_bins: Path, tmp_path: Path) -> None:
+    # Both ranks exit at t = 62 s and their last exports (at 60 s) say they are stalled:
+    # the rules stop counting them once those samples are 30 s old, and never name rank 0
+    # (the one waiting) as holding the job.
+    input_series = rank_series(1, stall_at=35, limits=LIMITS, until=60)
+    input_series += rank_series(0, stall_at=36, waiting_from=40, limits=LIMITS, until=60)
+    alerts = [
+        {
+            "alertname": "OtelTrainRankStalled",
+            "eval_time": "88s",
+            "exp_alerts": [stalled(0, 24.0), stalled(1, 25.0)],
+        },
+        {"alertname": "OtelTrainRankStalled", "eval_time": "90s", "exp_alerts": []},
+        {"alertname": "OtelTrainRankHoldsJob", "eval_time": "90s", "exp_alerts": []},
+    ]
+    tests = {
+        "alert_rule_test": alerts,
+        "promql_expr_test": [
+            {
+                "expr": HOLDING,
+                "eval_time": "88s",
+                "exp_samples": [
+                    {"labels": f'{HOLDING}{{job="train", otel_train_rank="1"}}', "value": 25}
+                ],
+            },
+            {
+                "expr": f'count_over_time({HOLDING}{{otel_train_rank="0"}}[120s])',
+                "eval_time": "120s",
+                "exp_samples": [],
+            },
+        ],
+    }
+    run_promtool(stack_bins, tmp_path, input_series, tests)
+
+
 @pytest.mark.parametrize(
     ("case", "limits", "labels"),
     [
