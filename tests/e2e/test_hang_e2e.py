@@ -75,6 +75,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 "OTEL_TRAIN_CONSOLE": "off",
                 "OTEL_TRAIN_PROMETHEUS": "false",
                 "OMP_NUM_THREADS": "1",
+                "OTEL_TRAIN_RUN_DIR": str(tmp / "runs"),  # run records: not in the checkout
             }
         )
         start = time.time()
