@@ -123,8 +123,9 @@ def straggler_panel(grid: tuple[int, int, int, int]) -> dict[str, Any]:
         grid,
         description="A healthy rank's time (the fleet median; with 2 ranks the faster rank, "
         "outside the phases that wait on the all-reduce) / this rank's median time in its "
-        "worst section (the step or a phase), 1 = on par, 0.5 = twice as slow; a rank alone "
-        "scores 1 (deploy/prometheus/rules/"
+        "worst section (the step, a phase, or its work: step time less time in collectives, "
+        "where they are timed; a rank that waits for the others is not scored), 1 = on par, "
+        "0.5 = twice as slow; a rank alone scores 1 (deploy/prometheus/rules/"
         f"stragglers.yml). Under {STRAGGLER_THRESHOLD} for 10 minutes fires "
         "OtelTrainStraggler. Click a line for that rank's slowest step traces in Jaeger.",
     )
