@@ -317,7 +317,11 @@ def run_level(
         events += [(t, g, "metrics") for t in _ticks(offsets[g], args.interval, args.hold)]
         events += [(t, g, "trace") for t in _ticks(trace_offsets[g] + window, window, args.hold)]
     events.sort()
-    if watch is not None:
+    if watch is not None and stall is not None:  # when the stalled rank exports (wall clock)
+        wall0 = time.time() - (time.monotonic() - t0)
+        watch.exports = [
+            wall0 + at for at in _ticks(offsets[stall.rank // k], args.interval, args.hold)
+        ]
         watch.start()
     with cf.ThreadPoolExecutor(args.threads) as pool:
         pending: list[cf.Future[None]] = []

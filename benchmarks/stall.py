@@ -97,6 +97,7 @@ class AlertWatch(threading.Thread):
         self.seen: dict[str, tuple[float, float, int]] = {}  # alert -> (seen, activeAt, n)
         self.evals: dict[str, dict[str, float]] = {g: {} for g in GROUPS}  # last eval -> s
         self.errors = 0
+        self.exports: list[float] = []  # the stalled rank's export times (wall clock)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -130,6 +131,9 @@ class AlertWatch(threading.Thread):
         self.join(5)
         crossed = self.stall.start + self.stall.hang_after
         out: dict[str, Any] = {"hang_after_s": self.stall.hang_after, "poll_errors": self.errors}
+        after = [e - crossed for e in self.exports if e > crossed]
+        if after:  # the first export that carries an age past the limit
+            out["export_after_limit_s"] = round(min(after), 2)
         for name, (seen, active, n) in list(self.seen.items()):
             out[name] = {
                 "active_after_limit_s": round(active - crossed, 2),
