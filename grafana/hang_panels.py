@@ -9,10 +9,9 @@ from typing import Any
 from widgets import JAEGER_UID, LOGS_TYPE, LOGS_UID, RATE, F, explore_url, n, panel, target
 
 from otel_train import contract as c
-from otel_train.contract.prometheus import prometheus_label
 
 LOGS = {"type": LOGS_TYPE, "uid": LOGS_UID}
-OP = prometheus_label(c.A_COLLECTIVE_OP)
+OP = c.prometheus_label(c.A_COLLECTIVE_OP)
 Grid = tuple[int, int, int, int]
 
 

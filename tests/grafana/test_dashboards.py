@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from otel_train import contract as c
-from otel_train.contract.prometheus import prometheus_label
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
@@ -303,6 +302,6 @@ def test_the_progress_and_collective_panels_read_their_contract_metrics() -> Non
     names = {c.prometheus_base_name(m) for m in (c.COLLECTIVE_DURATION, c.STEP_DURATION)}
     assert metric_names(share["expr"]) == names
     # One line per rank and op: the op attribute's label, as Prometheus names it over OTLP.
-    op = prometheus_label(c.A_COLLECTIVE_OP)
+    op = c.prometheus_label(c.A_COLLECTIVE_OP)
     assert f"by (otel_train_rank, {op})" in share["expr"]
     assert f"{{{{{op}}}}}" in share["legendFormat"]

@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from otel_train import contract as c
-from otel_train.contract.prometheus import prometheus_label
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "stragglers.yml"
@@ -99,8 +98,8 @@ def scenario(
             series.append(native_series(phase, labels, value, form))
         if collectives:
             op = {
-                prometheus_label(c.A_COLLECTIVE_OP): collectives,
-                prometheus_label(c.A_COLLECTIVE_GROUP): "default_pg",
+                c.prometheus_label(c.A_COLLECTIVE_OP): collectives,
+                c.prometheus_label(c.A_COLLECTIVE_GROUP): "default_pg",
             }
             waited = WAIT if waits else ARRIVES_LAST
             series.append(native_series(COLLECTIVE, {**base, **op}, waited, form))
