@@ -9,10 +9,10 @@ OtelTrainRankStalled fires, for which ranks, and which rank the job waits for.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+import rule_tests
 import yaml
 
 from otel_train import contract as c
@@ -77,38 +77,24 @@ def rank_series(
     return out
 
 
-def stalled(rank: int, age: float) -> dict[str, object]:
+def stalled(rank: int, age: float, alert: str = "OtelTrainRankStalled") -> dict[str, object]:
+    """``alert`` (OtelTrainRankStalled, or OtelTrainRankHoldsJob) as it fires for ``rank``."""
     return {
         "exp_labels": {"severity": "critical", "job": "train", "otel_train_rank": str(rank)},
-        "exp_annotations": annotation("OtelTrainRankStalled", rank, age),
+        "exp_annotations": rule_tests.annotations(RULES, alert, rank, age),
     }
 
 
-def annotation(alert: str, rank: int, age: float) -> dict[str, str]:
-    """The alert's annotation templates, filled in as Prometheus's templating would."""
-    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
-    spec = next(r for r in rules if r.get("alert") == alert)
-    out = {}
-    for key, text in spec["annotations"].items():
-        text = text.replace('{{ $value | printf "%.0f" }}', f"{age:.0f}")
-        text = text.replace("{{ $labels.otel_train_rank }}", str(rank))
-        out[key] = text.replace("{{ $labels.job }}", "train")
-    return out
+def holding(at: str, rank: int, age: float) -> dict[str, object]:
+    """The expectation that at ``at`` the job waits for ``rank`` alone, last seen at ``age``."""
+    labels = f'{HOLDING}{{job="train", otel_train_rank="{rank}"}}'
+    return {"expr": HOLDING, "eval_time": at, "exp_samples": [{"labels": labels, "value": age}]}
 
 
 def run_promtool(stack_bins: Path, tmp_path: Path, input_series: list, tests: dict) -> None:
     test = {"interval": f"{EXPORT}s", "input_series": input_series, **tests}
     (group,) = yaml.safe_load(RULES.read_text())["groups"]  # promtool ignores its interval
-    spec = {"rule_files": [str(RULES)], "evaluation_interval": group["interval"], "tests": [test]}
-    path = tmp_path / "progress_test.yml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    done = subprocess.run(
-        [str(stack_bins / "promtool"), "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    rule_tests.run_promtool(stack_bins, RULES, [test], group["interval"], tmp_path)
 
 
 LIMITS = [HANG_AFTER] * SAMPLES
@@ -137,26 +123,11 @@ def test_stalled_ranks_fire_and_the_one_outside_the_collective_holds_the_job(
             {
                 "alertname": "OtelTrainRankHoldsJob",
                 "eval_time": "50s",
-                "exp_alerts": [
-                    {
-                        "exp_labels": {
-                            "severity": "critical",
-                            "job": "train",
-                            "otel_train_rank": "2",
-                        },
-                        "exp_annotations": annotation("OtelTrainRankHoldsJob", 2, 15.0),
-                    }
-                ],
+                "exp_alerts": [stalled(2, 15.0, "OtelTrainRankHoldsJob")],
             },
         ],
         "promql_expr_test": [
-            {
-                "expr": HOLDING,
-                "eval_time": "70s",
-                "exp_samples": [
-                    {"labels": f'{HOLDING}{{job="train", otel_train_rank="2"}}', "value": 35}
-                ],
-            },
+            holding("70s", 2, 35),
         ],
     }
     run_promtool(stack_bins, tmp_path, input_series, tests)
@@ -196,13 +167,7 @@ def test_a_rank_whose_figures_stop_holds_its_waiting_peers(
             {"alertname": "OtelTrainRankHoldsJob", "eval_time": "60s", "exp_alerts": []},
         ],
         "promql_expr_test": [
-            {
-                "expr": HOLDING,
-                "eval_time": "62s",
-                "exp_samples": [
-                    {"labels": f'{HOLDING}{{job="train", otel_train_rank="1"}}', "value": 0.25}
-                ],
-            },
+            holding("62s", 1, 0.25),
         ],
     }
     run_promtool(stack_bins, tmp_path, input_series, tests)
@@ -226,13 +191,7 @@ def test_a_job_that_ends_while_stalled_stops_alerting(stack_bins: Path, tmp_path
     tests = {
         "alert_rule_test": alerts,
         "promql_expr_test": [
-            {
-                "expr": HOLDING,
-                "eval_time": "88s",
-                "exp_samples": [
-                    {"labels": f'{HOLDING}{{job="train", otel_train_rank="1"}}', "value": 25}
-                ],
-            },
+            holding("88s", 1, 25),
             {
                 "expr": f'count_over_time({HOLDING}{{otel_train_rank="0"}}[120s])',
                 "eval_time": "120s",

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import bisect
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+import rule_tests
 
 from otel_train import contract as c
 
@@ -106,29 +105,16 @@ def scenario(
     return series
 
 
-def annotations(rank: int, score: float) -> dict[str, str]:
-    """The alert's annotation templates, filled in as Prometheus's templating would."""
-    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
-    alert = next(r for r in rules if r.get("alert") == "OtelTrainStraggler")
-    out = {}
-    for key, text in alert["annotations"].items():
-        text = text.replace('{{ $value | printf "%.2f" }}', f"{score:.2f}")
-        text = text.replace("{{ $labels.otel_train_rank }}", str(rank))
-        out[key] = text.replace("{{ $labels.job }}", "train")
-    return out
-
-
 def run_promtool(stack_bins: Path, tmp_path: Path, tests: list[dict]) -> None:
-    spec = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}
-    path = tmp_path / "stragglers_test.yml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    done = subprocess.run(
-        [str(stack_bins / "promtool"), "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    rule_tests.run_promtool(stack_bins, RULES, tests, "1m", tmp_path)
+
+
+def straggler_alert(rank: int, score: float) -> dict[str, object]:
+    """OtelTrainStraggler as it fires for ``rank`` with ``score``."""
+    return {
+        "exp_labels": {"severity": "warning", "job": "train", "otel_train_rank": str(rank)},
+        "exp_annotations": rule_tests.annotations(RULES, "OtelTrainStraggler", rank, score),
+    }
 
 
 WORLDS = [(2, 1), (3, 2), (4, 2)]  # (ranks, the slow rank)
@@ -169,16 +155,7 @@ def test_the_slow_rank_scores_lowest_and_alone_fires(
             {
                 "alertname": "OtelTrainStraggler",
                 "eval_time": "15m",
-                "exp_alerts": [
-                    {
-                        "exp_labels": {
-                            "severity": "warning",
-                            "job": "train",
-                            "otel_train_rank": str(slow),
-                        },
-                        "exp_annotations": annotations(slow, score),
-                    }
-                ],
+                "exp_alerts": [straggler_alert(slow, score)],
             },
         ],
     }
@@ -272,16 +249,7 @@ def test_the_rank_that_waits_least_is_the_slow_one(
             {
                 "alertname": "OtelTrainStraggler",
                 "eval_time": "15m",
-                "exp_alerts": [
-                    {
-                        "exp_labels": {
-                            "severity": "warning",
-                            "job": "train",
-                            "otel_train_rank": str(slow),
-                        },
-                        "exp_annotations": annotations(slow, score),
-                    }
-                ],
+                "exp_alerts": [straggler_alert(slow, score)],
             },
         ],
     }
