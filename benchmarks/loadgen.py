@@ -27,8 +27,14 @@ memory series it cannot measure here (each phase's allocated and reserved peak, 
 device's limit) are added in the contract's form. Bounded: at most 20000 ranks and
 ``--max-seconds`` in all; loopback only.
 
+``--stall``: one rank's training thread stops ``--stall-at`` s into each level (its progress
+age rises, the others' stay low; ``--peers-wait``: they then wait in an all-reduce), and the
+level reports how long after ``--hang-after`` OtelTrainRankStalled (OtelTrainRankHoldsJob)
+named it and what the rule groups cost to evaluate (benchmarks/stall.py).
+
 Usage: python benchmarks/loadgen.py [--ranks 250,500,1000] [--hold 30] [--interval 10]
                                    [--per-request 1] [--step-seconds 1] [--classic] [--gpu]
+                                   [--stall [--stall-at 10] [--hang-after 30] [--peers-wait]]
 """
 
 from __future__ import annotations
@@ -37,14 +43,9 @@ import argparse
 import concurrent.futures as cf
 import copy
 import http.client
-import importlib.machinery
-import importlib.util
 import json
-import os
 import random
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -53,18 +54,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loadgen_stack import STACK, start_stack
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberDataPoint
 from stack_probe import collector_counters, proc_cpu, prometheus_series, server_stats
+from stall import AlertWatch, Stall, progress_points, progress_shape
 
 import otel_train
 from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
-ROOT = Path(__file__).resolve().parents[1]
-STACK = [sys.executable, str(ROOT / "scripts" / "stack")]
 MAX_RANKS = 20_000
 RANKS_PER_NODE = 8
 
@@ -178,9 +179,19 @@ def _points(metric: Any) -> Any:
 class SimRank:
     """One simulated rank: the captured payloads under its own resource."""
 
-    def __init__(self, trace: Any, metrics: Any, resource: list[KeyValue], start_ns: int):
+    def __init__(
+        self,
+        trace: Any,
+        metrics: Any,
+        resource: list[KeyValue],
+        start_ns: int,
+        progress: Any = None,
+    ):
         self.metrics = copy.deepcopy(metrics)
         self.trace = copy.deepcopy(trace)
+        # progress: wall time -> (age, waiting) of a rank whose gauges move (stall.py)
+        self.progress = progress
+        self.points = progress_points(self.metrics) if progress else {}
         for rm in self.metrics.resource_metrics:
             del rm.resource.attributes[:]
             rm.resource.attributes.extend(resource)
@@ -198,6 +209,10 @@ class SimRank:
                 for m in sm.metrics:
                     for p in _points(m):
                         p.time_unix_nano = now_ns
+        if self.progress is not None:
+            age, waiting = self.progress(now_ns / 1e9)
+            self.points[c.PROGRESS_AGE.name].as_double = age
+            self.points[c.COLLECTIVE_WAITING.name].as_double = waiting
         return self.metrics.SerializeToString()  # type: ignore[no-any-return]
 
     def trace_body(self, now_ns: int) -> bytes:
@@ -268,7 +283,20 @@ def run_level(
 ) -> dict[str, Any]:
     job = f"loadgen-{uuid.uuid4().hex[:6]}-n{n}"
     start_ns = time.time_ns()
-    ranks = [SimRank(trace, metrics, rank_resource(job, job, r, n), start_ns) for r in range(n)]
+    stall = watch = None
+    if args.stall:
+        stall = Stall(n // 2, args.stall_at, args.hang_after, args.peers_wait, args.step_seconds)
+        watch = AlertWatch(stack, job, stall)
+    ranks = [
+        SimRank(
+            trace,
+            metrics,
+            rank_resource(job, job, r, n),
+            start_ns,
+            stall.reading(r) if stall else None,
+        )
+        for r in range(n)
+    ]
     sender = Sender(stack["ports"]["OTLP_HTTP"])
     window = min(1000 * args.step_seconds, 60.0)
     before = collector_counters(stack)
@@ -289,6 +317,12 @@ def run_level(
         events += [(t, g, "metrics") for t in _ticks(offsets[g], args.interval, args.hold)]
         events += [(t, g, "trace") for t in _ticks(trace_offsets[g] + window, window, args.hold)]
     events.sort()
+    if watch is not None and stall is not None:  # when the stalled rank exports (wall clock)
+        wall0 = time.time() - (time.monotonic() - t0)
+        watch.exports = [
+            wall0 + at for at in _ticks(offsets[stall.rank // k], args.interval, args.hold)
+        ]
+        watch.start()
     with cf.ThreadPoolExecutor(args.threads) as pool:
         pending: list[cf.Future[None]] = []
         for at, r, kind in events:
@@ -312,6 +346,7 @@ def run_level(
                     pending[0].result()
         cf.wait(pending)
     elapsed = time.monotonic() - t0
+    stalled = watch.report() if watch is not None else None
     time.sleep(3.0)  # the collector's batch timeout (1 s) and export
     after = collector_counters(stack)
     cpu = {k: (proc_cpu(pid) - cpu0[k]) / elapsed for k, pid in stack["pids"].items()}
@@ -346,66 +381,8 @@ def run_level(
         "memory": {k: round(v, 1) for k, v in stats.items() if "samples" not in k},
         "samples_per_s": appended,
         "series": series,
+        **({"stall": stalled} if stalled is not None else {}),
     }
-
-
-# --- stack -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def collector_only_config(run_dir: Path) -> Path:
-    """deploy/otel-collector.yaml with the metrics pipeline ending in the debug exporter
-    only: the Collector's own ceiling, without Prometheus's ingest behind it."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "deploy" / "otel-collector.yaml").read_text())
-    config["service"]["pipelines"]["metrics"]["exporters"] = ["debug"]
-    path = run_dir / "otel-collector-only.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def classic_prometheus_config(run_dir: Path) -> Path:
-    """deploy/prometheus.yml storing explicit-bucket histograms as classic histograms (one
-    series per bucket, _sum and _count), as before native histograms: the "before" run."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
-    config["otlp"]["convert_histograms_to_nhcb"] = False
-    config["rule_files"] = [str(ROOT / "deploy" / "prometheus" / "rules" / "*.yml")]
-    for job in config["scrape_configs"]:
-        job["file_sd_configs"] = [{"files": [str(ROOT / "deploy/prometheus/targets/*.yml")]}]
-    path = run_dir / "prometheus-classic" / "prometheus.yml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def start_stack(run_dir: Path, collector_only: bool, classic: bool) -> dict[str, Any]:
-    env = dict(os.environ, OTEL_TRAIN_STACK_RUN=str(run_dir), OTEL_TRAIN_STACK_HOST="127.0.0.1")
-    if collector_only:
-        env["OTEL_TRAIN_STACK_COLLECTOR_CONFIG"] = str(collector_only_config(run_dir))
-    if classic:
-        env["OTEL_TRAIN_STACK_PROMETHEUS_CONFIG"] = str(classic_prometheus_config(run_dir))
-    loader = importlib.machinery.SourceFileLoader("otel_train_stack_loadgen", STACK[1])
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    names = list(module.PORTS)
-    ports = {name: free_port() for name in names}
-    env.update({f"OTEL_TRAIN_STACK_{k}_PORT": str(v) for k, v in ports.items()})
-    up = subprocess.run([*STACK, "up"], env=env, capture_output=True, text=True, timeout=300)
-    if up.returncode != 0:
-        raise SystemExit(f"scripts/stack up failed:\n{up.stdout}{up.stderr}")
-    state = json.loads((run_dir / "state.json").read_text())
-    pids = {name: svc["pid"] for name, svc in state["services"].items()}
-    return {"env": env, "ports": ports, "pids": pids}
 
 
 def main() -> None:
@@ -433,6 +410,16 @@ def main() -> None:
         action="store_true",
         help="a GPU-shaped rank: token batches, a known peak (MFU), and CUDA's memory series",
     )
+    ap.add_argument(
+        "--stall",
+        action="store_true",
+        help="one rank stalls (stall.py): how long until OtelTrainRankStalled names it",
+    )
+    ap.add_argument("--stall-at", type=float, default=10.0, help="seconds into each level")
+    ap.add_argument("--hang-after", type=float, default=30.0, help="the ranks' limit, s")
+    ap.add_argument(
+        "--peers-wait", action="store_true", help="the other ranks then wait in an all-reduce"
+    )
     ap.add_argument("--max-seconds", type=float, default=900.0, help="hard cap on the run")
     args = ap.parse_args()
     levels = [int(x) for x in args.ranks.split(",")]
@@ -440,7 +427,11 @@ def main() -> None:
         raise SystemExit(f"--ranks must be between 1 and {MAX_RANKS}")
     if (args.hold + 15) * len(levels) > args.max_seconds:
         raise SystemExit("--hold x levels exceeds --max-seconds")
+    if args.stall and args.hold < args.stall_at + args.hang_after + 20:
+        raise SystemExit("--hold must cover --stall-at + --hang-after + 20 s")
     trace, metrics = capture_shapes(args.classic, args.gpu)
+    if args.stall:
+        progress_shape(metrics, args.hang_after)
     points, spans = count_payload(metrics, trace)
     print(f"payload per rank: {points} metric points per export, {spans} spans per step trace")
     names = sorted(

@@ -1,16 +1,22 @@
-"""Build the provisioned Grafana dashboards and datasources from one source: this file.
+"""Build the provisioned Grafana dashboards and datasources from one source: this file
+and its parts beside it.
 
 Every PromQL query is built from ``otel_train.contract`` names translated the way
-Prometheus's OTLP receiver names them, so a renamed metric breaks the build, not the
-dashboard. ``python grafana/build.py`` rewrites the JSON/YAML under ``grafana/``; a
-test checks that the committed files equal this output and that every query names only
-contract metrics.
+Prometheus's OTLP receiver names them (the LogsQL one from its attribute keys and log
+event names), so a renamed metric breaks the build, not the dashboard. Its parts:
+widgets.py (data sources, filters, panels, variables), hang_panels.py and
+datasource_files.py. ``python grafana/build.py`` rewrites the JSON/YAML under
+``grafana/``; a test checks that the committed files equal this output and that every
+query names only contract metrics.
 
 Dashboards:
 - training overview: step time p50/p95, throughput, time per phase (stacked), peak
   memory per phase against the device limit (host RSS against host memory on CPU
   runs), per-rank step time spread, loss, the layer's own health, the straggler score
-  per rank (from the recording rules) with a data link to that rank's slowest traces.
+  per rank (from the recording rules) with a data link to that rank's slowest traces;
+  each rank's progress age against its limit, its share of step time in each
+  collective, and the hang events from VictoriaLogs linked to their step traces
+  (hang_panels.py).
 - RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
   of the iteration, reward; the generator processes' time against the trainer's per
   step and the policy staleness of consumed rollouts (issue 15).
@@ -26,149 +32,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from otel_train import contract as c
-
 HERE = Path(__file__).resolve().parent
-PROM_UID = "otel-train-prometheus"
-JAEGER_UID = "otel-train-jaeger"
-THANOS_UID = "otel-train-thanos"
-# Every query reads the data source the $datasource variable picks: Prometheus by default,
-# or Thanos query where one Prometheus no longer holds every job (docs/scale.md).
-PROM = {"type": "prometheus", "uid": "${datasource}"}
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # its parts: widgets.py, hang_panels.py, datasource_files.py
 
-# Series ingested over OTLP carry no otel_train_source label; the in-process scrape job
-# adds otel_train_source="scrape" (deploy/prometheus.yml), so no series counts twice.
-OTLP = 'otel_train_source=""'
-# One job at a time: $job is a single value (shares and quantiles of two jobs do not mix).
-F = f'job="$job", otel_train_rank=~"$rank", {OTLP}'
-RATE = "$__rate_interval"
+from datasource_files import dashboard_provider, datasources  # noqa: E402
+from hang_panels import collectives_panel, hang_events_panel, progress_panel  # noqa: E402
+from widgets import (  # noqa: E402,F401 (the uids: tests read them here)
+    JAEGER_UID,
+    LOGS_TYPE,
+    LOGS_UID,
+    OTLP,
+    PROM_UID,
+    RATE,
+    THANOS_UID,
+    F,
+    dashboard,
+    explore_url,
+    n,
+    panel,
+    target,
+)
+
+from otel_train import contract as c  # noqa: E402
+
 # Recorded by deploy/prometheus/rules/stragglers.yml (a test checks the rule exists).
 STRAGGLER_SCORE = "job_rank:otel_train_straggler_score:min"
 STRAGGLER_THRESHOLD = 0.7  # the OtelTrainStraggler alert's threshold
-
-
-def n(spec: c.MetricSpec) -> str:
-    """The metric's name over OTLP (a histogram's: its one native-histogram series)."""
-    return c.prometheus_base_name(spec)
-
-
-def target(expr: str, legend: str, ref: str, exemplar: bool = False) -> dict[str, Any]:
-    return {
-        "datasource": PROM,
-        "expr": expr,
-        "legendFormat": legend,
-        "refId": ref,
-        "exemplar": exemplar,
-        "range": True,
-    }
-
-
-def panel(
-    title: str,
-    targets: list[dict[str, Any]],
-    unit: str,
-    grid: tuple[int, int, int, int],
-    kind: str = "timeseries",
-    stacked: bool = False,
-    description: str = "",
-) -> dict[str, Any]:
-    x, y, w, h = grid
-    custom: dict[str, Any] = {"lineWidth": 1, "fillOpacity": 30 if stacked else 5}
-    if stacked:
-        custom["stacking"] = {"mode": "normal", "group": "A"}
-    return {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": PROM,
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "targets": targets,
-        "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "list", "placement": "bottom"},
-            "tooltip": {"mode": "multi"},
-        },
-    }
-
-
-def variables(jobs: str) -> dict[str, Any]:
-    """$job: one of the jobs that have ``jobs`` series (OTLP only: the in-process scrape job
-    ``otel-train-inprocess`` is no training job); $rank: any of its ranks, All by default."""
-
-    def var(name: str, label: str, query: str, many: bool) -> dict[str, Any]:
-        out = {
-            "name": name,
-            "label": label,
-            "type": "query",
-            "datasource": PROM,
-            "query": {"query": query, "refId": f"var-{name}"},
-            "definition": query,
-            "refresh": 2,
-            "includeAll": many,
-            "multi": many,
-            "sort": 1,
-        }
-        if many:
-            out["allValue"] = ".*"
-            out["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
-        return out
-
-    ranks = f'label_values({n(c.STEPS)}{{job="$job", {OTLP}}}, otel_train_rank)'
-    source = {
-        "name": "datasource",
-        "label": "data source",
-        "type": "datasource",
-        "query": "prometheus",  # the Prometheus-type sources: Prometheus and Thanos
-        "current": {"selected": True, "text": "Prometheus", "value": PROM_UID},
-        "refresh": 1,
-        "hide": 0,
-    }
-    return {
-        "list": [
-            source,
-            var("job", "service / job", f"label_values({jobs}, job)", many=False),
-            var("rank", "rank", ranks, many=True),
-        ]
-    }
-
-
-def dashboard(
-    uid: str, title: str, panels: list[dict[str, Any]], tags: list[str], jobs: str
-) -> dict[str, Any]:
-    for i, p in enumerate(panels, start=1):
-        p["id"] = i
-    return {
-        "uid": uid,
-        "title": title,
-        "tags": ["otel-train", *tags],
-        "timezone": "browser",
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "graphTooltip": 1,
-        "refresh": "10s",
-        "time": {"from": "now-30m", "to": "now"},
-        "templating": variables(jobs),
-        "annotations": {"list": []},
-        "links": [
-            {
-                "title": "Traces in Jaeger",
-                "type": "link",
-                "targetBlank": True,
-                "url": "/explore?left="
-                + json.dumps(
-                    {
-                        "datasource": JAEGER_UID,
-                        "queries": [{"refId": "A", "queryType": "search", "service": "$job"}],
-                    },
-                    separators=(",", ":"),
-                ),
-            },
-        ],
-        "panels": panels,
-    }
 
 
 def step_quantile(q: float, by: str = "") -> str:
@@ -218,10 +108,9 @@ def slow_traces_link() -> dict[str, Any]:
         f"{c.STEP_SAMPLED_BECAUSE.key}=slowest",
         "limit": 20,
     }
-    left = {"datasource": JAEGER_UID, "queries": [query], "range": {"from": "now-1h", "to": "now"}}
     return {
         "title": "Slowest steps of rank ${__field.labels.otel_train_rank} in Jaeger",
-        "url": "/explore?left=" + json.dumps(left, separators=(",", ":")),
+        "url": explore_url(JAEGER_UID, query, range={"from": "now-1h", "to": "now"}),
         "targetBlank": True,
     }
 
@@ -234,8 +123,9 @@ def straggler_panel(grid: tuple[int, int, int, int]) -> dict[str, Any]:
         grid,
         description="A healthy rank's time (the fleet median; with 2 ranks the faster rank, "
         "outside the phases that wait on the all-reduce) / this rank's median time in its "
-        "worst section (the step or a phase), 1 = on par, 0.5 = twice as slow; a rank alone "
-        "scores 1 (deploy/prometheus/rules/"
+        "worst section (the step, a phase, or its work: step time less time in collectives, "
+        "where they are timed; a rank that waits for the others is not scored), 1 = on par, "
+        "0.5 = twice as slow; a rank alone scores 1 (deploy/prometheus/rules/"
         f"stragglers.yml). Under {STRAGGLER_THRESHOLD} for 10 minutes fires "
         "OtelTrainStraggler. Click a line for that rank's slowest step traces in Jaeger.",
     )
@@ -338,7 +228,10 @@ def overview() -> dict[str, Any]:
             (12, 24, 12, 8),
         ),
         straggler_panel((0, 32, 24, 8)),
-        *efficiency_panels(40),
+        progress_panel((0, 40, 12, 8)),
+        collectives_panel((12, 40, 12, 8)),
+        hang_events_panel((0, 48, 24, 10)),
+        *efficiency_panels(58),
     ]
     jobs = f"{n(c.STEPS)}{{{OTLP}}}"  # every training job
     return dashboard(
@@ -390,8 +283,8 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
             (12, y + 8, 12, 8),
             stacked=True,
             description="Share of wall time in training (steps less data waits), data "
-            "waits, evaluation, checkpointing and other time outside steps. Goodput is the "
-            "train share.",
+            "waits, evaluation, checkpointing, hangs (stalls past hang_after, until progress "
+            "resumed) and other time outside steps. Goodput is the train share.",
         ),
     ]
 
@@ -500,63 +393,6 @@ def cross_process_panels(y: int) -> list[dict[str, Any]]:
             "consumed it (otel_train.consumed(token, policy_version=j)): 0 is on-policy.",
         ),
     ]
-
-
-def datasources() -> str:
-    return f"""# Generated by grafana/build.py; do not edit by hand.
-apiVersion: 1
-datasources:
-  - name: Prometheus
-    type: prometheus
-    uid: {PROM_UID}
-    access: proxy
-    url: http://prometheus:9090
-    isDefault: true
-    editable: false
-    jsonData:
-      httpMethod: POST
-      timeInterval: 15s
-      exemplarTraceIdDestinations:
-        - name: trace_id
-          datasourceUid: {JAEGER_UID}
-  # The same PromQL over the horizontally scalable store (deploy/: Prometheus remote-writes
-  # to Thanos receive). In compose Thanos query runs in Prometheus's network namespace.
-  # Each dashboard's "data source" variable switches its panels to it.
-  - name: Thanos
-    type: prometheus
-    uid: {THANOS_UID}
-    access: proxy
-    url: http://prometheus:10904
-    editable: false
-    jsonData:
-      httpMethod: POST
-      timeInterval: 15s
-      exemplarTraceIdDestinations:
-        - name: trace_id
-          datasourceUid: {JAEGER_UID}
-  - name: Jaeger
-    type: jaeger
-    uid: {JAEGER_UID}
-    access: proxy
-    url: http://jaeger:16686
-    editable: false
-"""
-
-
-def dashboard_provider() -> str:
-    return """# Generated by grafana/build.py; do not edit by hand.
-apiVersion: 1
-providers:
-  - name: otel-train
-    folder: otel-train
-    type: file
-    disableDeletion: false
-    allowUiUpdates: false
-    updateIntervalSeconds: 30
-    options:
-      path: /var/lib/grafana/dashboards
-      foldersFromFilesStructure: false
-"""
 
 
 def outputs() -> dict[str, str]:

@@ -154,6 +154,7 @@ from .metrics import (
 )
 from .prometheus import (
     prometheus_base_name,
+    prometheus_label,
     prometheus_names,
 )
 from .schema import (
@@ -306,6 +307,7 @@ __all__ = [
     "MetricSpec",
     "SpanSpec",
     "prometheus_base_name",
+    "prometheus_label",
     "prometheus_names",
     "render_markdown",
     "render_schema",

@@ -65,3 +65,10 @@ def prometheus_names(spec: MetricSpec, source: str = "otlp") -> tuple[str, ...]:
     if spec.instrument == "histogram" and source == "scrape":
         return (f"{base}_bucket", f"{base}_sum", f"{base}_count")
     return (base,)
+
+
+def prometheus_label(key: str) -> str:
+    """The Prometheus label an attribute key (a metric attribute, or a promoted resource
+    attribute) becomes over OTLP: every character other than a letter, digit or ``_`` is
+    an underscore (``otel_train.collective.op`` -> ``otel_train_collective_op``)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)

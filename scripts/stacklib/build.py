@@ -85,6 +85,7 @@ VERSION_ARGS = {
     "prometheus": ["--version"],
     "promtool": ["--version"],
     "thanos": ["--version"],
+    "victoria-logs": ["-version"],
 }
 
 
@@ -228,6 +229,28 @@ def build_thanos(v: dict[str, str], work: Path, stamps: dict[str, str]) -> None:
     _install("thanos", out, stamps["thanos"])
 
 
+def build_victorialogs(v: dict[str, str], work: Path, stamps: dict[str, str]) -> None:
+    """VictoriaLogs's single binary (storage, OTLP ingest and LogsQL in one process), built
+    as its release Makefile's `victoria-logs-pure` target does: CGO off (pure-Go zstd)."""
+    gobin = work / "gobin"
+    gobin.mkdir(exist_ok=True)
+    mod = f"v{v['VICTORIALOGS_VERSION']}"
+    pkg = "github.com/VictoriaMetrics/VictoriaMetrics/lib/buildinfo"
+    ldflags = f"-s -w -X {pkg}.Version=victoria-logs-{mod}"
+    _run_step(
+        f"build victoria-logs {mod}",
+        [
+            "go",
+            "install",
+            f"-ldflags={ldflags}",
+            f"github.com/VictoriaMetrics/VictoriaLogs/app/victoria-logs@{mod}",
+        ],
+        env=_go_env(gobin),
+        log_path=work / "victoria-logs.log",
+    )
+    _install("victoria-logs", gobin / "victoria-logs", stamps["victoria-logs"])
+
+
 def build_otelcol(v: dict[str, str], work: Path, stamps: dict[str, str]) -> None:
     gobin = work / "gobin"
     gobin.mkdir(exist_ok=True)
@@ -261,6 +284,7 @@ BUILDERS = {
     "jaeger": build_jaeger,
     "otelcol": build_otelcol,
     "thanos": build_thanos,
+    "victoria-logs": build_victorialogs,
 }
 
 
@@ -270,7 +294,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     v = read_versions()
     stamps = expected_stamps(v)
     bin_dir().mkdir(parents=True, exist_ok=True)
-    wanted = args.components or ["otelcol", "jaeger", "prometheus", "thanos"]
+    wanted = args.components or ["otelcol", "jaeger", "prometheus", "thanos", "victoria-logs"]
     for name in wanted:
         if name not in BUILDERS:
             die(f"unknown component {name!r} (choose from {', '.join(BUILDERS)})")

@@ -97,7 +97,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     rd = run_dir()
     rd.mkdir(parents=True, exist_ok=True)
-    for data in (rd / "prometheus-data", rd / "thanos-receive-data"):
+    for data in (rd / "prometheus-data", rd / "thanos-receive-data", rd / "victorialogs-data"):
         if data.exists() and not args.keep_data:
             shutil.rmtree(data)
     render_prometheus_config(prometheus_config(), prometheus_config_in_run(), p)
@@ -182,6 +182,8 @@ def _print_endpoints(ep: dict[str, str]) -> None:
     log(f"  Prometheus:    {ep['prometheus']}/api/v1   (no UI in this build)")
     if "thanos_query" in ep:
         log(f"  Thanos query:  {ep['thanos_query']}/api/v1   (the store Prometheus writes to)")
+    if "victorialogs" in ep:
+        log(f"  VictoriaLogs:  {ep['victorialogs']}/select/logsql/query   (logs, LogsQL)")
     if "training_metrics" in ep:
         log(f"  scrapes:       {ep['training_metrics']}   (the job's OTEL_TRAIN_PROMETHEUS_PORT)")
 

@@ -45,6 +45,9 @@ PORTS = {
     "THANOS_RECEIVE_HTTP": 10902,  # Thanos receive: health and its own /metrics
     "THANOS_QUERY_GRPC": 10903,  # Thanos query: StoreAPI (for a query tier above it)
     "THANOS_QUERY_HTTP": 10904,  # Thanos query: the Prometheus HTTP API over the store
+    # VictoriaLogs: OTLP logs in (/insert/opentelemetry/v1/logs), LogsQL out (/select/logsql),
+    # health (/health) and its own /metrics, all on one HTTP port.
+    "VICTORIALOGS": 9428,
     # Not bound by the stack: the training job's in-process /metrics, which Prometheus
     # scrapes (job otel-train-inprocess) and `env` hands to the job (OTEL_TRAIN_PROMETHEUS_PORT).
     "TRAINING_METRICS": 9464,
@@ -60,13 +63,13 @@ CONFIG_ADDRESSES = {
 }
 
 # Start order; `down` stops in reverse... except that the collector goes first
-# so that it can flush into Jaeger and Prometheus while they still run.
-SERVICES = ("thanos-receive", "thanos-query", "prometheus", "jaeger", "otelcol")
-STOP_ORDER = ("otelcol", "jaeger", "prometheus", "thanos-query", "thanos-receive")
+# so that it can flush into Jaeger, Prometheus and VictoriaLogs while they still run.
+SERVICES = ("thanos-receive", "thanos-query", "prometheus", "jaeger", "victorialogs", "otelcol")
+STOP_ORDER = ("otelcol", "victorialogs", "jaeger", "prometheus", "thanos-query", "thanos-receive")
 # Thanos receive's external label: what tells replicas apart (Thanos query deduplicates on
 # it, --query.replica-label, and drops it from results).
 THANOS_REPLICA_LABEL = "receive_replica"
-BINARIES = ("otelcol", "jaeger", "prometheus", "promtool", "thanos")
+BINARIES = ("otelcol", "jaeger", "prometheus", "promtool", "thanos", "victoria-logs")
 THANOS_TAGS = "netgo,slicelabels"  # Thanos's release build tags (its .promu.yml)
 
 
@@ -181,6 +184,7 @@ def expected_stamps(versions: dict[str, str] | None = None) -> dict[str, str]:
         "prometheus": f"{v['PROMETHEUS_VERSION']} (go module v{v['PROMETHEUS_GO_MODULE_VERSION']})",
         "promtool": f"{v['PROMETHEUS_VERSION']} (go module v{v['PROMETHEUS_GO_MODULE_VERSION']})",
         "thanos": f"{v['THANOS_VERSION']} (go module v{v['THANOS_VERSION']}, tags {THANOS_TAGS})",
+        "victoria-logs": f"{v['VICTORIALOGS_VERSION']} (go module v{v['VICTORIALOGS_VERSION']})",
     }
 
 

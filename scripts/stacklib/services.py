@@ -82,6 +82,7 @@ def service_plan() -> dict[str, dict]:
         "OTELCOL_TELEMETRY_PORT": str(p["COLLECTOR_METRICS"]),
         "OTELCOL_JAEGER_OTLP_ENDPOINT": f"{h}:{p['JAEGER_OTLP_GRPC']}",
         "OTELCOL_PROMETHEUS_OTLP_ENDPOINT": f"http://{h}:{p['PROMETHEUS']}/api/v1/otlp",
+        "OTELCOL_VICTORIALOGS_OTLP_ENDPOINT": f"http://{h}:{p['VICTORIALOGS']}/insert/opentelemetry",
     }
     jaeger_env = {
         "JAEGER_OTLP_GRPC_ENDPOINT": f"{h}:{p['JAEGER_OTLP_GRPC']}",
@@ -94,6 +95,7 @@ def service_plan() -> dict[str, dict]:
     }
     return {
         **thanos_plan(),
+        **victorialogs_plan(),
         "prometheus": {
             "cmd": [
                 str(b / "prometheus"),
@@ -172,6 +174,25 @@ def thanos_plan() -> dict[str, dict]:
     }
 
 
+def victorialogs_plan() -> dict[str, dict]:
+    """VictoriaLogs: the log store. One process, one HTTP port: OTLP logs in, LogsQL out."""
+    h, p, b, rd = host(), ports(), bin_dir(), run_dir()
+    return {
+        "victorialogs": {
+            "cmd": [
+                str(b / "victoria-logs"),
+                f"-storageDataPath={rd / 'victorialogs-data'}",
+                f"-httpListenAddr={h}:{p['VICTORIALOGS']}",
+                # Its default, spelled out: logs older than 7 days are dropped.
+                "-retentionPeriod=7d",
+            ],
+            "env": {},
+            "ports": ["VICTORIALOGS"],
+            "ready": [f"http://{h}:{p['VICTORIALOGS']}/health"],
+        },
+    }
+
+
 def endpoints() -> dict[str, str]:
     h, p = host(), ports()
     return {
@@ -186,6 +207,8 @@ def endpoints() -> dict[str, str]:
         "prometheus_otlp": f"http://{h}:{p['PROMETHEUS']}/api/v1/otlp",
         "thanos_receive": f"http://{h}:{p['THANOS_RECEIVE_WRITE']}/api/v1/receive",
         "thanos_query": f"http://{h}:{p['THANOS_QUERY_HTTP']}",
+        "victorialogs": f"http://{h}:{p['VICTORIALOGS']}",
+        "victorialogs_otlp": f"http://{h}:{p['VICTORIALOGS']}/insert/opentelemetry/v1/logs",
         "training_metrics": f"http://127.0.0.1:{p['TRAINING_METRICS']}/metrics",
     }
 

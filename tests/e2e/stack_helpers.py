@@ -160,13 +160,23 @@ def dashboard(name: str) -> dict[str, Any]:
     return json.loads((DASHBOARDS / f"{name}.json").read_text())  # type: ignore[no-any-return]
 
 
-def dashboard_queries(name: str) -> list[tuple[str, str]]:
-    """(panel title [refId], expr) of every panel query of ``grafana/dashboards/<name>.json``."""
+def dashboard_queries(name: str, logs: bool = False) -> list[tuple[str, str]]:
+    """(panel title [refId], expr) of every PromQL panel query of
+    ``grafana/dashboards/<name>.json``, or with ``logs`` of every other (the log store's
+    LogsQL)."""
     return [
         (f"{p['title']} [{t['refId']}]", t["expr"])
         for p in dashboard(name)["panels"]
         for t in p["targets"]
+        if (t["datasource"]["type"] == "prometheus") != logs
     ]
+
+
+def log_records(stack: Any, query: str) -> list[dict[str, Any]]:
+    """The records a LogsQL query finds in the stack's VictoriaLogs (one JSON a line)."""
+    url = f"http://127.0.0.1:{stack['ports']['VICTORIALOGS']}/select/logsql/query?"
+    with urllib.request.urlopen(url + urllib.parse.urlencode({"query": query}), timeout=10) as r:
+        return [json.loads(line) for line in r.read().decode().splitlines() if line.strip()]
 
 
 def query_data(

@@ -36,9 +36,15 @@ RECORDED = {r["record"] for r in RULES if "record" in r}
 
 
 def all_queries(dash: dict[str, Any]) -> list[str]:
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    """Every PromQL query: the Prometheus-type targets' and the variables'."""
+    exprs = [t["expr"] for t in targets(dash, "prometheus")]
     exprs += [v["query"]["query"] for v in query_variables(dash)]
     return exprs
+
+
+def targets(dash: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The panel targets that query a data source of type ``kind``."""
+    return [t for p in dash["panels"] for t in p["targets"] if t["datasource"]["type"] == kind]
 
 
 def query_variables(dash: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,7 +92,7 @@ def test_dashboard_has_what_grafana_requires(path: Path) -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for p in dash["panels"]:
-        assert p["type"] in {"timeseries", "bargauge", "stat"}
+        assert p["type"] in {"timeseries", "bargauge", "stat", "table"}
         assert set(p["gridPos"]) == {"x", "y", "w", "h"}
         assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
         refs = [t["refId"] for t in p["targets"]]
@@ -130,10 +136,21 @@ def test_datasources_provisioning_and_uids() -> None:
             BUILD.PROM_UID,
             BUILD.THANOS_UID,
         }
-        uids = {p["datasource"]["uid"] for p in dash["panels"]}
-        uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]}
+        prom = [p for p in dash["panels"] if p["datasource"]["type"] == "prometheus"]
+        uids = {p["datasource"]["uid"] for p in prom}
+        uids |= {t["datasource"]["uid"] for t in targets(dash, "prometheus")}
         uids |= {v["datasource"]["uid"] for v in query_variables(dash)}
         assert uids == {"${datasource}"}, f"{path.name}: {uids}"
+        # The other panels read the log store, by its fixed uid: the one source of its type.
+        others = [p for p in dash["panels"] if p not in prom]
+        logs = {(p["datasource"]["type"], p["datasource"]["uid"]) for p in others}
+        logs |= {
+            (t["datasource"]["type"], t["datasource"]["uid"]) for p in others for t in p["targets"]
+        }
+        assert logs <= {(BUILD.LOGS_TYPE, BUILD.LOGS_UID)}, logs
+        assert {d["uid"] for d in ds["datasources"] if d["type"] == BUILD.LOGS_TYPE} == {
+            BUILD.LOGS_UID
+        }
 
 
 def test_dashboard_provider_points_where_compose_mounts_the_dashboards() -> None:
@@ -199,7 +216,7 @@ def test_job_is_one_training_job_over_otlp(path: Path) -> None:
     job = next(v for v in dash["templating"]["list"] if v["name"] == "job")
     assert not job["multi"] and not job["includeAll"] and "allValue" not in job
     assert 'otel_train_source=""' in job["query"]["query"]
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for t in targets(dash, "prometheus")]
     exprs += [v["query"]["query"] for v in query_variables(dash) if v["name"] != "job"]
     for expr in exprs:
         assert 'job=~"$job"' not in expr
@@ -222,3 +239,69 @@ def test_derived_figures_read_only_contract_metrics(derived: c.DerivedSpec) -> N
     series a rank does export (their values: tests/stack and tests/e2e)."""
     names = metric_names(derived.query('job="x"', "otel_train_rank", "5m"))
     assert names and names <= CONTRACT_NAMES, names - CONTRACT_NAMES
+
+
+OVERVIEW = ROOT / "grafana" / "dashboards" / "training-overview.json"
+
+
+def overview_panel(title: str) -> dict[str, Any]:
+    dash = json.loads(OVERVIEW.read_text())
+    return next(p for p in dash["panels"] if p["title"] == title)  # type: ignore[no-any-return]
+
+
+def test_victorialogs_is_provisioned_with_trace_links_to_jaeger() -> None:
+    ds = yaml.safe_load((GRAFANA / "provisioning/datasources/datasources.yaml").read_text())
+    (logs,) = [d for d in ds["datasources"] if d["uid"] == BUILD.LOGS_UID]
+    assert logs["type"] == "victoriametrics-logs-datasource"  # the plugin's id
+    # The compose service, on the port it listens on.
+    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
+    flags = dict(a.split("=", 1) for a in compose["services"]["victorialogs"]["command"])
+    assert logs["url"] == f"http://victorialogs:{flags['-httpListenAddr'].rsplit(':', 1)[1]}"
+    # A record's trace_id field (VictoriaLogs stores the OTLP trace id as hex there) opens
+    # the trace in Jaeger. Grafana expands $VAR in provisioning files: $$ is a literal $.
+    (link,) = logs["jsonData"]["derivedFields"]
+    assert link["matcherType"] == "label" and link["matcherRegex"] == "trace_id"
+    assert link["datasourceUid"] == BUILD.JAEGER_UID
+    raw = (GRAFANA / "provisioning/datasources/datasources.yaml").read_text()
+    assert 'url: "$${__value.raw}"' in raw
+
+
+def test_the_hang_events_table_reads_contract_names_and_links_to_the_trace() -> None:
+    panel = overview_panel("Hang events")
+    assert panel["type"] == "table"
+    (query,) = panel["targets"]
+    assert query["datasource"]["type"] == BUILD.LOGS_TYPE and query["queryType"] == "instant"
+    expr = query["expr"]
+    events = re.search(r"event_name:in\(([^)]*)\)", expr)
+    assert events and set(re.findall(r'"([^"]+)"', events.group(1))) == set(c.LOG_EVENTS)
+    fields = re.search(r"\| fields ([^|]+)", expr)
+    assert fields
+    shown = {f.strip() for f in fields.group(1).split(",")}
+    attributes = {a.key for _, _, specs in c.LOG_EVENTS.values() for a in specs}
+    resource = {a.key for a in c.RESOURCE_ATTRIBUTES}
+    # VictoriaLogs's own fields for a record's time, event name and trace id.
+    assert shown - attributes - resource == {"_time", "event_name", "trace_id"}, shown
+    assert attributes <= shown  # every attribute of both events has its column
+    assert 'job:="$job"' in expr and "${rank:regex}" in expr
+    (override,) = [
+        o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "trace_id"
+    ]
+    (link,) = override["properties"][0]["value"]
+    left = json.loads(link["url"].removeprefix("/explore?left="))
+    assert left["datasource"] == BUILD.JAEGER_UID
+    assert left["queries"][0]["query"] == "${__value.raw}"  # Jaeger's trace-id query
+
+
+def test_the_progress_and_collective_panels_read_their_contract_metrics() -> None:
+    progress = [t["expr"] for t in overview_panel("Progress age by rank")["targets"]]
+    assert [metric_names(e) for e in progress] == [
+        {c.prometheus_base_name(c.PROGRESS_AGE)},
+        {c.prometheus_base_name(c.PROGRESS_LIMIT)},
+    ]
+    (share,) = overview_panel("Time in collectives (share of step time)")["targets"]
+    names = {c.prometheus_base_name(m) for m in (c.COLLECTIVE_DURATION, c.STEP_DURATION)}
+    assert metric_names(share["expr"]) == names
+    # One line per rank and op: the op attribute's label, as Prometheus names it over OTLP.
+    op = c.prometheus_label(c.A_COLLECTIVE_OP)
+    assert f"by (otel_train_rank, {op})" in share["expr"]
+    assert f"{{{{{op}}}}}" in share["legendFormat"]

@@ -54,7 +54,7 @@ def versions(stack_module) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def stack_bins(stack_module) -> Path:
-    """The bin dir with all four binaries at their pinned versions, or skip."""
+    """The bin dir with every binary at its pinned version, or skip."""
     missing = stack_module.missing_binaries()
     if missing:
         reason = (

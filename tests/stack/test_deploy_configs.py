@@ -70,6 +70,7 @@ def test_versions_file_is_complete(versions):
         "PROMETHEUS_GO_MODULE_VERSION",
         "GRAFANA_VERSION",
         "THANOS_VERSION",
+        "VICTORIALOGS_VERSION",
     ):
         assert re.fullmatch(r"\d+\.\d+\.\d+", versions.get(key, "")), key
     assert versions["OCB_VERSION"] == versions["OTELCOL_VERSION"]
@@ -87,6 +88,7 @@ def test_compose_image_tags_match_versions(versions):
         "prometheus": f"prom/prometheus:v{versions['PROMETHEUS_VERSION']}",
         "thanos-receive": f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
         "thanos-query": f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
+        "victorialogs": f"victoriametrics/victoria-logs:v{versions['VICTORIALOGS_VERSION']}",
         "grafana": f"grafana/grafana:{versions['GRAFANA_VERSION']}",
     }
 
@@ -112,7 +114,31 @@ def test_compose_mounts_the_deploy_configs():
     assert grafana["../grafana/provisioning"] == "/etc/grafana/provisioning"
     assert "../grafana/dashboards" in grafana
     published = {p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])}
-    assert {"4317", "4318", "16686", "9090", "3000"} <= published
+    assert {"4317", "4318", "16686", "9090", "9428", "3000"} <= published
+    # Grafana installs the VictoriaLogs data source's plugin (its type in provisioning).
+    assert services["grafana"]["environment"]["GF_PLUGINS_PREINSTALL"] == (
+        "victoriametrics-logs-datasource"
+    )
+
+
+def test_compose_runs_victorialogs_as_the_loopback_stack_does(stack_module):
+    """The same flags as scripts/stack but for the data path and the listen address, and
+    the Collector's default logs endpoint is the compose service's OTLP path."""
+    services = load("compose.yaml")["services"]
+    svc = services["victorialogs"]
+    compose_flags = dict(a.split("=", 1) for a in svc["command"])
+    local = dict(
+        a.split("=", 1) for a in stack_module.victorialogs_plan()["victorialogs"]["cmd"][1:]
+    )
+    assert set(compose_flags) == set(local)
+    for flag in set(local) - {"-storageDataPath", "-httpListenAddr"}:
+        assert compose_flags[flag] == local[flag], flag
+    (volume,) = svc["volumes"]
+    assert volume.split(":")[1] == compose_flags["-storageDataPath"]
+    port = compose_flags["-httpListenAddr"].rsplit(":", 1)[1]
+    assert f"{port}:{port}" in svc["ports"]
+    exporter = load("otel-collector.yaml")["exporters"]["otlp_http/victorialogs"]["endpoint"]
+    assert exporter.endswith(f":-http://victorialogs:{port}/insert/opentelemetry}}")
 
 
 def test_compose_runs_thanos_as_the_loopback_stack_does(stack_module):
@@ -201,13 +227,18 @@ def test_every_defined_component_is_wired_into_the_service():
 def test_collector_pipelines():
     config = load("otel-collector.yaml")
     pipelines = config["service"]["pipelines"]
-    assert set(pipelines) == {"traces", "metrics"}
+    assert set(pipelines) == {"traces", "metrics", "logs"}
     for pipeline in pipelines.values():
         assert pipeline["receivers"] == ["otlp"]
         assert pipeline["processors"][0] == "memory_limiter"
         assert pipeline["processors"][-1] == "batch"
     assert "otlp_grpc/jaeger" in pipelines["traces"]["exporters"]
     assert "otlp_http/prometheus" in pipelines["metrics"]["exporters"]
+    # VictoriaLogs takes OTLP/HTTP protobuf at <base>/v1/logs; the exporter appends /v1/logs.
+    assert "otlp_http/victorialogs" in pipelines["logs"]["exporters"]
+    assert config["exporters"]["otlp_http/victorialogs"]["endpoint"].endswith(
+        "/insert/opentelemetry}"
+    )
     assert config["exporters"]["otlp_http/prometheus"]["endpoint"].endswith("/api/v1/otlp}")
     protocols = config["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"].endswith(":-0.0.0.0:4317}")
@@ -312,6 +343,8 @@ def test_binaries_report_pinned_versions(stack_bins, versions):
             out.returncode == 0
             and f"version {versions['PROMETHEUS_VERSION']}" in out.stdout + out.stderr
         ), out
+    out = _run([stack_bins / "victoria-logs", "-version"])
+    assert out.returncode == 0 and f"v{versions['VICTORIALOGS_VERSION']}" in out.stdout, out
 
 
 def test_otelcol_validate(stack_bins):
@@ -381,7 +414,8 @@ def test_stack_moves_the_in_process_target_and_the_store_to_their_ports(
     # Its relative rule and target paths resolve from the copy: promtool loads the rules.
     out = _run([stack_bins / "promtool", "check", "config", dest])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 1 rule files found" in out.stdout + out.stderr, out.stdout + out.stderr
+    rule_files = len(list((DEPLOY / "prometheus" / "rules").glob("*.yml")))
+    assert f"SUCCESS: {rule_files} rule files found" in out.stdout + out.stderr, out.stdout
 
 
 def test_stack_validate_command(stack_bins):

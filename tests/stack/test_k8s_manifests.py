@@ -111,6 +111,7 @@ def test_every_workload_selects_its_own_pods() -> None:
         ("Deployment", "prometheus"),
         ("StatefulSet", "thanos-receive"),
         ("Deployment", "thanos-query"),
+        ("Deployment", "victorialogs"),
         ("Job", "train"),
     } <= kinds
     for d in DOCS:
@@ -152,6 +153,10 @@ def test_agent_listens_on_the_node_where_ranks_send() -> None:
 
 
 def test_agent_forwards_to_the_gateway_service() -> None:
+    # Every signal the gateway exports (traces, metrics, logs) reaches it from the agents.
+    pipelines = AGENT_CONFIG["service"]["pipelines"]
+    assert set(pipelines) == set(GATEWAY_CONFIG["service"]["pipelines"])
+    assert all(p["exporters"] == ["otlp_grpc/gateway"] for p in pipelines.values())
     exporter = AGENT_CONFIG["exporters"]["otlp_grpc/gateway"]["endpoint"]
     env = env_of(obj("DaemonSet", "otel-agent"))
     for endpoint in (default(exporter), env["OTELCOL_GATEWAY_ENDPOINT"]):
@@ -160,7 +165,7 @@ def test_agent_forwards_to_the_gateway_service() -> None:
         service_reaches(host, int(port), obj("Deployment", "otel-gateway"))
 
 
-def test_gateway_exports_to_the_jaeger_and_prometheus_services() -> None:
+def test_gateway_exports_to_the_jaeger_prometheus_and_victorialogs_services() -> None:
     env = env_of(obj("Deployment", "otel-gateway"))
     exporters = GATEWAY_CONFIG["exporters"]
     jaeger = env["OTELCOL_JAEGER_OTLP_ENDPOINT"]
@@ -175,6 +180,14 @@ def test_gateway_exports_to_the_jaeger_and_prometheus_services() -> None:
     assert url.hostname and url.port
     service_reaches(url.hostname, url.port, obj("Deployment", "prometheus"))
     assert "--web.enable-otlp-receiver" in container(obj("Deployment", "prometheus"))["args"]
+    logs = env["OTELCOL_VICTORIALOGS_OTLP_ENDPOINT"]
+    assert logs == default(exporters["otlp_http/victorialogs"]["endpoint"])
+    url = urlsplit(logs)
+    assert url.path == "/insert/opentelemetry"  # the exporter appends /v1/logs
+    assert url.hostname and url.port
+    victorialogs = obj("Deployment", "victorialogs")
+    service_reaches(url.hostname, url.port, victorialogs)
+    assert f"-httpListenAddr=:{url.port}" in container(victorialogs)["args"]
 
 
 def test_prometheus_k8s_config_matches_the_local_one_and_scrapes_the_collectors() -> None:
@@ -237,6 +250,7 @@ def test_images_are_the_pinned_versions() -> None:
         f"jaegertracing/jaeger:{versions['JAEGER_VERSION']}",
         f"prom/prometheus:v{versions['PROMETHEUS_VERSION']}",
         f"quay.io/thanos/thanos:v{versions['THANOS_VERSION']}",
+        f"victoriametrics/victoria-logs:v{versions['VICTORIALOGS_VERSION']}",
     }
 
 

@@ -148,6 +148,7 @@ def test_up_starts_every_process_ready(stack):
         "prometheus",
         "thanos-receive",
         "thanos-query",
+        "victorialogs",
     }
     status = _stack(stack["env"], "status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -175,6 +176,10 @@ def test_jaeger_and_prometheus_apis_answer(stack, versions):
     for name in ("THANOS_RECEIVE_HTTP", "THANOS_QUERY_HTTP"):
         status, _ = _get(f"{_base(stack, name)}/-/ready")
         assert status == 200, name
+    status, _ = _get(f"{_base(stack, 'VICTORIALOGS')}/health")
+    assert status == 200
+    _, metrics = _get(f"{_base(stack, 'VICTORIALOGS')}/metrics")
+    assert f'version="victoria-logs-v{versions["VICTORIALOGS_VERSION"]}"'.encode() in metrics
     # Thanos query reads the receive's StoreAPI: it lists it as a store.
     stores = _get_json(f"{_base(stack, 'THANOS_QUERY_HTTP')}/api/v1/stores")["data"]
     receive = f"127.0.0.1:{stack['ports']['THANOS_RECEIVE_GRPC']}"
@@ -194,9 +199,11 @@ def test_the_loopback_build_has_query_apis_and_no_ui(stack):
         assert b"index.html: no such file" in err.value.read()
     query = urllib.parse.urlencode({"query": "up"})
     assert _get_json(f"{_base(stack, 'PROMETHEUS')}/api/v1/query?{query}")["status"] == "success"
-    # The exception: Thanos query's UI is in its Go module.
+    # The exceptions: Thanos query's UI and VictoriaLogs's (vmui) are in their Go modules.
     status, page = _get(f"{_base(stack, 'THANOS_QUERY_HTTP')}/")
     assert status == 200 and b"THANOS" in page.upper(), page[:400]
+    status, page = _get(f"{_base(stack, 'VICTORIALOGS')}/select/vmui/")
+    assert status == 200 and b"<!DOCTYPE html>" in page, page[:400]
 
 
 def test_prometheus_scrapes_the_training_port_of_this_stack(stack):
@@ -519,7 +526,7 @@ def test_the_contracts_derived_figures_compute_in_prometheus(stack):
 
 def test_down_leaves_no_process(stack):
     pids = stack["pids"]
-    assert len(pids) == 5
+    assert len(pids) == 6
     down = _stack(stack["env"], "down")
     stack["down_done"] = True
     assert down.returncode == 0, down.stdout + down.stderr
