@@ -172,6 +172,11 @@ def dashboard_queries(name: str, logs: bool = False) -> list[tuple[str, str]]:
     ]
 
 
+# Panels a single-process run has no data for: the time in collectives (a torchrun job's:
+# test_torchrun_ranks.py runs them).
+SINGLE_PROCESS_EMPTY = ("Time in collectives (share of step time)",)
+
+
 def log_records(stack: Any, query: str) -> list[dict[str, Any]]:
     """The records a LogsQL query finds in the stack's VictoriaLogs (one JSON a line)."""
     url = f"http://127.0.0.1:{stack['ports']['VICTORIALOGS']}/select/logsql/query?"

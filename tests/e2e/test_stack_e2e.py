@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from scratch import job_env as clean_job_env
 from stack_helpers import (
+    SINGLE_PROCESS_EMPTY,
     attrs,
     dashboard_queries,
     jaeger_chunks,
@@ -383,14 +384,12 @@ def test_exemplars_point_at_exported_traces(stack: Any, runs: dict[str, Any], ki
 
 # Each dashboard and the runs it is meant for (the 2-rank job: tests/e2e/test_torchrun_ranks.py).
 MEANT_FOR = {"training-overview": ["plain", "demo"], "rl-loop": ["rl"]}
-# The time in collectives: these single-process runs have none (test_torchrun_ranks.py).
-ELSEWHERE = ("Time in collectives (share of step time)",)
 CASES = [
     (name, kind, panel, expr)
     for name, kinds in MEANT_FOR.items()
     for kind in kinds
     for panel, expr in dashboard_queries(name)
-    if panel.split(" [")[0] not in ELSEWHERE
+    if panel.split(" [")[0] not in SINGLE_PROCESS_EMPTY
 ]
 
 
