@@ -123,11 +123,8 @@ def test_autocast_over_float32_parameters_takes_the_bf16_peak(h100: Any) -> None
     assert got[1] == pytest.approx(achieved / H100_BF16)
 
 
-def test_float32_convolutions_take_cudnns_tf32_peak(h100: Any) -> None:
-    """Item 10: cuDNN runs float32 convolutions in TF32 by default (matmuls are 'highest')."""
-    tel = InMemoryTelemetry()
-    otel_train.configure(flops_per_step=1e9, console="off", **providers(tel))
-    model = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten())
+def _conv_loop(model: torch.nn.Module) -> None:
+    """Four steps of a 1-d convolutional model, then shutdown."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.utils.data.DataLoader(torch.randn(16, 1, 8), batch_size=4)
     otel_train.instrument(model, optimizer=opt, dataloader=data)
@@ -135,6 +132,13 @@ def test_float32_convolutions_take_cudnns_tf32_peak(h100: Any) -> None:
         model(x).sum().backward()
         opt.step()
     otel_train.shutdown()
+
+
+def test_float32_convolutions_take_cudnns_tf32_peak(h100: Any) -> None:
+    """Item 10: cuDNN runs float32 convolutions in TF32 by default (matmuls are 'highest')."""
+    tel = InMemoryTelemetry()
+    otel_train.configure(flops_per_step=1e9, console="off", **providers(tel))
+    _conv_loop(torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten()))
     got = _mfu_dtype(tel)
     assert got is not None and got[0] == "tf32"
 
@@ -145,16 +149,9 @@ def test_convolutions_and_matmuls_at_different_precisions_give_no_mfu(
     """Item 10: unsure is no MFU, with the reason in the summary."""
     tel = InMemoryTelemetry()
     otel_train.configure(flops_per_step=1e9, console="stderr", console_every=0, **providers(tel))
-    model = torch.nn.Sequential(
-        torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(12, 2)
+    _conv_loop(
+        torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(12, 2))
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.DataLoader(torch.randn(16, 1, 8), batch_size=4)
-    otel_train.instrument(model, optimizer=opt, dataloader=data)
-    for x in data:
-        model(x).sum().backward()
-        opt.step()
-    otel_train.shutdown()
     assert _mfu_dtype(tel) is None
     assert "precision of the float32 matmuls is unknown" in _summary(capsys)
 
