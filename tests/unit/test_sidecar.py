@@ -137,6 +137,30 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     _counted_once(sess, trained)
 
 
+def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
+    """The sidecar imports only what it uses (issue 24: with torch it was a second
+    process of a training job's size, ~600 MiB resident). What crosses the pipe is read
+    there without torch too: the settings, applied steps with a FLOP count, the log's
+    entries sent raw, scalars, a region. Its own report after a flush: torch is not
+    among its modules, and it stays under 120 MiB resident (measured here: ~34 MiB)."""
+    sess, model, opt, loader = _started(hang_after=60.0)
+    with otel_train.region("evaluation"):
+        train_epoch(model, opt, loader, record=True)  # (its steps: the region's time)
+    handover = sess.feeder.handover
+    deadline = time.monotonic() + 10
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader, record=True)  # (the FLOP count's steps run applied)
+    assert handover.raw, "a plain loop's log went out raw"
+    for _ in range(3):
+        train_epoch(model, opt, loader, record=True)
+    assert sess.efficiency.probe is not None and sess.efficiency.probe.counted_steps >= 1
+    assert otel_train.flush(10.0)
+    stats = sess.feeder.stats
+    assert stats["steps"] > 0
+    assert stats["torch_imported"] is False, "the sidecar imported torch"
+    assert 0 < stats["rss_bytes"] < 120 * 2**20, f"{stats['rss_bytes'] / 2**20:.0f} MiB"
+
+
 def test_training_goes_on_when_the_sidecar_dies(
     own_sdk: None, caplog: pytest.LogCaptureFixture
 ) -> None:
