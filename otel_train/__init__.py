@@ -18,7 +18,8 @@ Layers: each part imports only what its arrow names, plus the foundation (identi
 contract, settings); tests/unit/test_layering.py holds the same table and finds cycles,
 annotation-only imports counted too::
 
-    otel_train (this package) ─► api   (loaded at first use: `import otel_train` loads no more)
+    otel_train (this package) ─► api, session, adapters (each name loaded at its first use:
+                                 `import otel_train` alone imports nothing more)
     api (the public functions) ─► session, adapters, recording
     cli ─► otel_train, runs      testing ─► session, export
     instrumentor ─► otel_train, session, adapters   (opentelemetry-instrument's entry point)
@@ -61,11 +62,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from . import contract
+    from .adapters import Instrumentation
     from .api import (
-        ConfigError,
-        Instrumentation,
-        Settings,
-        __version__,
         carrier,
         configure,
         consumed,
@@ -77,21 +75,28 @@ if TYPE_CHECKING:
         shutdown,
         step,
     )
+    from .session import __version__
+    from .settings import ConfigError, Settings
 else:
+    # Where each name of the API lives (the functions: api.py), imported at its first use.
+    _HOMES = {
+        "ConfigError": "settings",
+        "Settings": "settings",
+        "Instrumentation": "adapters",
+        "__version__": "session",
+    }
+    _API = frozenset(__all__) - {"contract"}  # (contract: a module)
 
     def __getattr__(name: str) -> object:
-        """The API (api.py), imported at its first use, and the package's modules: ``import
-        otel_train`` alone imports nothing more, so the sidecar (``python -m
+        """A name of the API, imported at its first use, or a module of the package:
+        ``import otel_train`` alone imports nothing more, so the sidecar (``python -m
         otel_train.sidecar``, which imports this package first) imports neither the
-        training side nor torch. Once loaded, a name is this module's own attribute: later
-        uses never come here."""
+        training side nor torch. Once loaded, a name is this module's own attribute:
+        later uses never come here."""
         if name in _API:
-            api = importlib.import_module(f"{__name__}.api")
-            for public in _API:
-                globals()[public] = getattr(api, public)
-            return globals()[name]
+            home = importlib.import_module(f"{__name__}.{_HOMES.get(name, 'api')}")
+            value = globals()[name] = getattr(home, name)
+            return value
         if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
             return importlib.import_module(f"{__name__}.{name}")  # (as `import` would)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-    _API = frozenset(__all__) - {"contract"}  # (contract: a module)

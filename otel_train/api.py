@@ -10,31 +10,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
-from . import contract, session
+from . import session
 from .adapters import Instrumentation, kind_of, select
 from .recording.links import UNSET
 from .recording.recorder import PhaseScope, Recorder, RemotePhaseScope, StepScope
 from .recording.regions import RegionLog
-from .session import __version__
-from .settings import ConfigError, Settings
-
-__all__ = [
-    "ConfigError",
-    "Instrumentation",
-    "Settings",
-    "__version__",
-    "carrier",
-    "configure",
-    "consumed",
-    "contract",
-    "flush",
-    "instrument",
-    "phase",
-    "record",
-    "region",
-    "shutdown",
-    "step",
-]
 
 
 def configure(

@@ -112,8 +112,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "wiring": BASE | {"recording", "export"},  # the consumer side, built in one place
     "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
     "session": BASE | {"signals", "debug", "recording", "export", "wiring", "sidecar"},
-    # the package: names the public API, loaded at first use (import otel_train: nothing)
-    "otel_train": BASE | {"api"},
+    # the package: names the public API, each name loaded at its first use
+    "otel_train": BASE | {"api", "session", "adapters"},
     "api": BASE | {"session", "adapters", "recording"},  # the public API's functions
     "runs": BASE | {"export", "recording"},  # reads run records (export/record.py writes)
     "cli": BASE | {"otel_train", "runs"},

@@ -137,6 +137,25 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     _counted_once(sess, trained)
 
 
+def test_importing_the_package_or_the_sidecar_imports_no_torch() -> None:
+    """``import otel_train`` imports nothing more (the API loads at its first use), and
+    the sidecar's modules import no torch: ``python -m otel_train.sidecar`` imports the
+    package first, then its agent."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, otel_train\n"
+        "assert 'torch' not in sys.modules and 'otel_train.session' not in sys.modules\n"
+        "import otel_train.sidecar.agent\n"
+        "assert 'torch' not in sys.modules, 'the sidecar imports torch'\n"
+        "otel_train.instrument\n"
+        "assert 'otel_train.session' in sys.modules and 'torch' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
     """The sidecar imports only what it uses (issue 24: with torch it was a second
     process of a training job's size, ~600 MiB resident). What crosses the pipe is read
