@@ -100,3 +100,6 @@ else:
         if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
             return importlib.import_module(f"{__name__}.{name}")  # (as `import` would)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))  # (the API before it is loaded too)
