@@ -180,6 +180,31 @@ def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
     assert 0 < stats["rss_bytes"] < 120 * 2**20, f"{stats['rss_bytes'] / 2**20:.0f} MiB"
 
 
+def test_an_answer_read_together_with_another_is_kept(own_sdk: None) -> None:
+    """Two answers the sidecar wrote before the training process read: one read takes
+    both, and the second is there for the next wait (a FLUSHED behind an IDLE was lost
+    this way, and flush() waited its whole deadline)."""
+    from otel_train.settings import Settings
+    from otel_train.sidecar import wire
+    from otel_train.sidecar.process import SidecarProcess
+
+    settings = Settings.resolve({"prometheus": False, "console": "off", "run_dir": "off"})
+    proc = SidecarProcess(None)
+    try:
+        proc.send((wire.HELLO, settings, "test", 0, os.getpid(), None))
+        assert proc.wait_for((wire.READY,), time.monotonic() + 30) == (wire.READY,)
+        proc.send((wire.FLUSH, 1, 5.0))
+        proc.send((wire.FLUSH, 2, 5.0))
+        proc.write()
+        time.sleep(1.0)  # both answered: one read takes the two frames
+        first = proc.wait_for((wire.FLUSHED,), time.monotonic() + 5)
+        second = proc.wait_for((wire.FLUSHED,), time.monotonic() + 5)
+        assert first is not None and first[1] == 1
+        assert second is not None and second[1] == 2, "the second answer was lost"
+    finally:
+        proc.kill()
+
+
 def test_training_goes_on_when_the_sidecar_dies(
     own_sdk: None, caplog: pytest.LogCaptureFixture
 ) -> None:
