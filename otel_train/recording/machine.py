@@ -62,6 +62,19 @@ def _import_torch() -> None:
     values.import_torch()
 
 
+def _times_the_device(settings: Settings) -> bool:
+    """Whether a recorder of the training process times the device with CUDA events
+    (torch imported here for it); a ConfigError for ``device_timing="cuda"`` without CUDA."""
+    _import_torch()
+    if settings.device_timing == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
+            "accepted values: 'auto', 'cuda', 'off'"
+        )
+    # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
+    return settings.device_timing != "off" and torch.cuda.is_available()
+
+
 class StepMachine:
     """The recorder's state and its step transitions (phases: phases.py)."""
 
@@ -83,12 +96,7 @@ class StepMachine:
         # The CUDA device events and memory figures are taken on: the model's (bind_device),
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
-        if not replica:
-            _import_torch()
-        # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
-        self._want_cuda = (
-            not replica and settings.device_timing != "off" and torch.cuda.is_available()
-        )
+        self._want_cuda = not replica and _times_the_device(settings)
         self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (recording/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
@@ -121,11 +129,6 @@ class StepMachine:
         self._gate = CarrierGate(settings)
         # Remote trees' figures by their span's id, until produced() takes them.
         self.produced_figures: dict[int, tuple[float, Any]] = {}
-        if not replica and settings.device_timing == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(
-                "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
-                "accepted values: 'auto', 'cuda', 'off'"
-            )
 
     def _tls_stack(self) -> list[list[Any]]:
         tls = self._tls

@@ -113,12 +113,14 @@ class SidecarProcess:
     def read(self) -> list[tuple[Any, ...]]:
         """The sidecar's messages that arrived (never waits), those a :meth:`wait_for`
         read past first."""
-        unread, self._unread = self._unread, []
+        if self._unread:
+            unread, self._unread = self._unread, []
+            return unread + self.read()
         try:
             data = os.read(self._r, 65536)
         except (BlockingIOError, OSError):
-            return unread
-        return unread + self._control.feed(data) if data else unread
+            return []
+        return self._control.feed(data) if data else []
 
     def wait_for(self, kinds: tuple[int, ...], deadline: float) -> tuple[Any, ...] | None:
         """The first message of one of ``kinds``, or None at the deadline or the end.
