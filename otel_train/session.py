@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
@@ -41,11 +41,17 @@ from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
 from .wiring import build_consumer, prints_console
 
-if TYPE_CHECKING:
-    from .adapters.base import Instrumentation
-
 __version__ = "0.1.0"
 _log = logging.getLogger("otel_train")
+
+
+class Instrumented(Protocol):
+    """adapters/base.py's Instrumentation as the session uses it (neither imports the other)."""
+
+    active: bool
+    target: Any
+
+    def uninstrument(self) -> None: ...
 
 
 class Session:
@@ -73,7 +79,7 @@ class Session:
         self._prometheus_address: tuple[str, int] | None = None
         self.record: RecordPlan | None = None
         self.sigterm: SigtermFlush | None = None
-        self.instrumentations: dict[int, Instrumentation] = {}
+        self.instrumentations: dict[int, Instrumented] = {}
         self._instrumented_targets: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
         self.exporting = False

@@ -12,21 +12,33 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..recording.recorder import PhaseScope, Recorder, StepScope
+from ..recording.regions import RegionLog
 from .collectives import hold_collectives
 
-if TYPE_CHECKING:
-    from ..session import Session
-
 _log = logging.getLogger("otel_train")
+
+
+class SessionView(Protocol):
+    """What adapters use of their session: session.py's Session, which they never import
+    (the session is built without them; ``instrument()`` hands it to them)."""
+
+    recorder: Recorder
+    regions: RegionLog
+    closed: bool
+
+    @property
+    def instrumentations(self) -> dict[int, Any]: ...
+
+    def note_model(self, target: Any) -> None: ...
 
 
 class Instrumentation:
     """A live instrumentation of one target; also a context manager (exit = uninstrument)."""
 
-    def __init__(self, session: Session, target: Any, kind: str) -> None:
+    def __init__(self, session: SessionView, target: Any, kind: str) -> None:
         self.session = session
         self.target = target
         self.kind = kind

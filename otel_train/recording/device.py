@@ -36,11 +36,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from . import capture
+
+if TYPE_CHECKING:
+    import torch  # (bound by import_torch())
+
+
+def import_torch() -> None:
+    """Import torch for the pool and :func:`on_device`: a recorder of the training
+    process does when it is built (machine.py); the sidecar's replica, which records no
+    event and binds no device, does not, and the sidecar never imports torch."""
+    global torch
+    import torch
 
 
 class EventPool:

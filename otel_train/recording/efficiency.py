@@ -28,19 +28,25 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .. import contract as c
 from ..settings import Settings
 from .aggregate import MetricsAggregator
 from .batch import EfficiencyColumns, StepBlock
-from .flops import CountResult, FlopKey, FlopProbe, parameter_count
+from .flop_counts import CountResult, FlopKey, parameter_count
 from .goodput import Goodput
 from .peaks import Peak, lookup_peak
-from .precision import model_label
 from .regions import RegionLog
+
+if TYPE_CHECKING:
+    import torch
+
+    from .flops import FlopProbe
+
+# The sidecar runs these figures too, on what the training process sends (its probe's
+# counts, the model's facts): what needs torch (the probe, the models, the device) is
+# imported where the training process uses it, and the sidecar never imports torch.
 
 _log = logging.getLogger("otel_train")
 MAX_COUNTED_SHAPES = 8
@@ -53,7 +59,15 @@ COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted ste
 
 
 def _cuda_in_use() -> bool:
+    import torch
+
     return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def _cuda_index(model: torch.nn.Module) -> int | None:
@@ -104,6 +118,8 @@ class EfficiencyTracker:
             if probe is not None:
                 self.probe = probe
             else:
+                from .flops import FlopProbe
+
                 self.probe = FlopProbe(recorder, settings.flops_count_step, skip=self._compiled)
                 recorder.flop_probe = self.probe
         # (parameters, dtype label, device name) known in another process (the sidecar's)
@@ -142,6 +158,8 @@ class EfficiencyTracker:
 
     def note_model(self, target: Any) -> None:
         """Remember a model instrument() saw (the 6 x parameters x tokens estimate needs it)."""
+        import torch
+
         model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
         if isinstance(model, torch.nn.Module) and all(m is not model for m in self.models):
             self.models.append(model)
@@ -156,7 +174,7 @@ class EfficiencyTracker:
         name = None
         if _cuda_in_use():
             try:
-                name = torch.cuda.get_device_name()
+                name = _device_name()
             except Exception:
                 name = None
         return parameter_count(self.models), self._model_dtype(), name
@@ -395,7 +413,7 @@ class EfficiencyTracker:
             name = self.model_facts[2] if self._peak_tflops is None else None
         elif self._peak_tflops is None and _cuda_in_use():
             try:
-                name = torch.cuda.get_device_name()
+                name = _device_name()
             except Exception:
                 name = None
         self.peak = lookup_peak(name, dtype, self._peak_tflops)
@@ -410,6 +428,10 @@ class EfficiencyTracker:
         autocast's as an adapter saw it, else the parameters'; "" when unsure."""
         if self.model_facts is not None:
             return self.model_facts[1]
+        import torch
+
+        from .precision import model_label  # (models of this process: torch is in use)
+
         rec = self._recorder
         hint = getattr(rec, "precision_hint", None)
         if hint is None and getattr(rec, "compiled_seen", False):

@@ -9,7 +9,7 @@ from typing import Any
 from .. import contract as c
 from .batch import StepEfficiency
 from .efficiency import MAX_COUNTED_SHAPES, EfficiencyTracker
-from .precision import MIXED
+from .flop_counts import MIXED
 
 
 def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:

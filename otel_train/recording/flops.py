@@ -27,14 +27,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .flop_counts import CountResult, FlopKey
 from .precision import dominant as dominant_label
 from .precision import dtype_label
 
@@ -51,30 +51,6 @@ _MATMUL_NAMES = frozenset({
 
 MAX_MISSES = 2  # counted steps of an already-counted shape before a recount gives up
 MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the shapes do
-
-
-FlopKey = tuple[int | None, int | None]
-
-
-def flop_key(samples: int | None, tokens: int | None, padded: int | None) -> FlopKey:
-    """What a step's FLOPs are known by: its samples and the tokens the model computed
-    on, padding included (``padded``, adapters/batches.py), else its tokens."""
-    return samples, padded if padded is not None else tokens
-
-
-@dataclass(frozen=True)
-class CountResult:
-    index: int  # the counted step
-    samples: int | None
-    tokens: int | None
-    padded: int | None  # tokens padding included, when an adapter counted them
-    flops: int
-    dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8 / mixed, from the matmuls' inputs ("": none)
-    seconds: float  # host wall time of the counted step, counting included
-
-    @property
-    def key(self) -> FlopKey:
-        return flop_key(self.samples, self.tokens, self.padded)
 
 
 class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode base is untyped
@@ -297,18 +273,3 @@ def _global_counts(counter: Any) -> dict[Any, int]:
         return dict(counter.get_flop_counts().get("Global", {}))
     except Exception:
         return {}
-
-
-def parameter_count(models: Iterable[Any]) -> int:
-    """Trainable parameters of the given modules, each parameter counted once."""
-    seen: set[int] = set()
-    total = 0
-    for model in models:
-        params = getattr(model, "parameters", None)
-        if params is None:
-            continue
-        for p in params():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-    return total

@@ -17,13 +17,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..settings import ConfigError, Settings
 from . import capture
 from .device import EventPool
 from .links import CarrierGate, Parent, StepLink, new_ids
-from .memory import CudaMemoryTracker
 from .records import (
     P_EV0,
     P_EV1,
@@ -42,9 +39,40 @@ from .tokens import MAX_PRODUCED
 from .values import add_count
 
 if TYPE_CHECKING:
+    import torch  # (bound by _import_torch())
+
     from .debug_hooks import DebugHooks
+    from .memory import CudaMemoryTracker
 
 _log = logging.getLogger("otel_train")
+
+
+def _import_torch() -> None:
+    """Import torch for the device paths here, in device.py and in values.py. A recorder
+    of the training process does when it is built; a replica, which only replays logs
+    (it never times the device or takes a value from the user), does not, so the sidecar
+    never imports torch. (Bound as each module's global, the hot paths read ``torch``
+    as they would a module-level import.)"""
+    global torch
+    import torch
+
+    from . import device, values
+
+    device.import_torch()
+    values.import_torch()
+
+
+def _times_the_device(settings: Settings) -> bool:
+    """Whether a recorder of the training process times the device with CUDA events
+    (torch imported here for it); a ConfigError for ``device_timing="cuda"`` without CUDA."""
+    _import_torch()
+    if settings.device_timing == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
+            "accepted values: 'auto', 'cuda', 'off'"
+        )
+    # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
+    return settings.device_timing != "off" and torch.cuda.is_available()
 
 
 class StepMachine:
@@ -53,8 +81,9 @@ class StepMachine:
     def __init__(
         self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
     ) -> None:
-        """``replica``: the sidecar's copy, which only replays logs shipped to it;
-        ``debug``: the profiler window / memory snapshot hooks, when one is on."""
+        """``replica``: a machine that only replays logs and never times the device (the
+        sidecar's copy, the scratch machine of shapes.py); ``debug``: the profiler
+        window / memory snapshot hooks, when one is on."""
         self.settings = settings
         self.enabled = True
         self._pending: collections.deque[OpenStep] = collections.deque()
@@ -67,10 +96,7 @@ class StepMachine:
         # The CUDA device events and memory figures are taken on: the model's (bind_device),
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
-        # is_available() costs ~0.5 us even on a CPU build: ask once, not per step.
-        self._want_cuda = (
-            not replica and settings.device_timing != "off" and torch.cuda.is_available()
-        )
+        self._want_cuda = not replica and _times_the_device(settings)
         self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (recording/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
@@ -103,11 +129,6 @@ class StepMachine:
         self._gate = CarrierGate(settings)
         # Remote trees' figures by their span's id, until produced() takes them.
         self.produced_figures: dict[int, tuple[float, Any]] = {}
-        if settings.device_timing == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(
-                "otel_train setting 'device_timing' is 'cuda' but CUDA is not available; "
-                "accepted values: 'auto', 'cuda', 'off'"
-            )
 
     def _tls_stack(self) -> list[list[Any]]:
         tls = self._tls
@@ -149,6 +170,8 @@ class StepMachine:
             capture.install()
             self._cuda = True
             if self.settings.memory and self.memory is None:
+                from .memory import CudaMemoryTracker  # (once: CUDA showed up)
+
                 self.memory = CudaMemoryTracker(self.settings.reset_peak_memory, self.device)
 
     def _thread_device(self) -> int | None:

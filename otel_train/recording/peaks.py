@@ -18,10 +18,9 @@ CPU or on a device the table does not list).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
-
-from .precision import rocm_tf32_allowed
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -119,3 +118,8 @@ def lookup_peak(
     if tflops is None:
         return None
     return Peak(tflops * 1e12, dtype, row.label, row.source)
+
+
+def rocm_tf32_allowed() -> bool:
+    """On ROCm, float32 GEMMs use TF32 units only when hipBLASLt is told to."""
+    return os.environ.get("HIPBLASLT_ALLOW_TF32", "") not in ("", "0")

@@ -21,12 +21,12 @@ Usage::
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-MIXED = "mixed"  # several precisions, none dominant: no single peak fits (MFU is left out)
+from .flop_counts import MIXED
+
 _LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -58,11 +58,6 @@ def fp32_label(conv: bool = False) -> str:
         return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
     except Exception:  # the legacy getter refuses when both APIs were used
         return ""
-
-
-def rocm_tf32_allowed() -> bool:
-    """On ROCm, float32 GEMMs use TF32 units only when hipBLASLt is told to."""
-    return os.environ.get("HIPBLASLT_ALLOW_TF32", "") not in ("", "0")
 
 
 def dtype_label(dtype: torch.dtype, conv: bool = False) -> str:

@@ -10,11 +10,10 @@ looked up here rather than inferred from a bare number.
 
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from .scopes import CYCLE, MAX_MESSAGE
 
@@ -154,7 +153,12 @@ def describe_exception(exc_type: type[BaseException], exc: BaseException | None)
     message = str(exc)[:MAX_MESSAGE] if exc is not None else ""
     stack = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__ if exc else None))
     oom = None
-    if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+    torch = sys.modules.get("torch")  # (a CUDA OOM comes from a torch already imported)
+    if (
+        torch is not None
+        and isinstance(exc, torch.cuda.OutOfMemoryError)
+        and torch.cuda.is_available()
+    ):
         try:
             oom = (
                 int(torch.cuda.memory_allocated()),

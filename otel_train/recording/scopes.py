@@ -8,11 +8,10 @@ machine's code, and so that the limits every module enforces are named in one pl
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from .links import Parent
-    from .recorder import Recorder
 
 # How an open step is closed.
 EXPLICIT = 0  # by the end of ``with step()`` or the adapter's step method
@@ -76,12 +75,33 @@ def boundary(
 DATA_FETCHED = boundary("data", None, counted=True)
 
 
+class RecorderEntries(Protocol):
+    """The entry methods the scopes call: recorder.py's Recorder, which is built on this
+    module, so the scopes name them here rather than import it."""
+
+    def enter(self, name: str) -> None: ...
+
+    def exit(self, exc_type: Any = None, exc: Any = None, name: str | None = None) -> None: ...
+
+    def enter_remote(self, name: str, parent: Parent | None, span: int) -> None: ...
+
+    def produced(
+        self, name: str, parent: Parent | None, span: int, policy_version: Any = None
+    ) -> dict[str, str]: ...
+
+    def step_begin(self, samples: int | None = None, tokens: int | None = None) -> None: ...
+
+    def step_end(self) -> None: ...
+
+    def join(self, parent: Parent) -> None: ...
+
+
 class PhaseScope:
     """``with recorder.phase(name):``; cached per name, re-entrant (state lives on a stack)."""
 
     __slots__ = ("_name", "_rec")
 
-    def __init__(self, rec: Recorder, name: str) -> None:
+    def __init__(self, rec: RecorderEntries, name: str) -> None:
         self._rec = rec
         self._name = name
 
@@ -100,7 +120,7 @@ class RemotePhaseScope:
 
     __slots__ = ("_name", "_parent", "_rec", "_span")
 
-    def __init__(self, rec: Recorder, name: str, parent: Parent | None) -> None:
+    def __init__(self, rec: RecorderEntries, name: str, parent: Parent | None) -> None:
         self._rec = rec
         self._name = name
         self._parent = parent  # None: a bad carrier, timed here all the same
@@ -126,7 +146,11 @@ class StepScope:
     __slots__ = ("_parent", "_rec", "_samples", "_tokens")
 
     def __init__(
-        self, rec: Recorder, samples: int | None, tokens: int | None, parent: Parent | None = None
+        self,
+        rec: RecorderEntries,
+        samples: int | None,
+        tokens: int | None,
+        parent: Parent | None = None,
     ) -> None:
         self._rec = rec
         self._samples = samples

@@ -8,13 +8,23 @@ loop to clean its input would defeat its purpose.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from . import capture
-from .device import EventPool
 from .scopes import INT64_MAX, MAX_NAME
+
+if TYPE_CHECKING:
+    import torch  # (bound by import_torch())
+
+    from .device import EventPool
+
+
+def import_torch() -> None:
+    """Import torch for :func:`clean_count` and :func:`raw_scalar`: a recorder of the
+    training process does when it is built (machine.py); the sidecar's replica, which
+    never takes a value from the user, does not, and the sidecar never imports torch."""
+    global torch
+    import torch
 
 
 def clean_name(name: Any) -> str:

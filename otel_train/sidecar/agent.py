@@ -293,6 +293,8 @@ class Agent:
             "export_drops": self.telemetry.drop_counts(),
             "rss_bytes": rss_bytes(),
             "steps": self.worker.steps_processed,
+            "torch_imported": "torch" in sys.modules,  # (it never should be: issue 24)
+            "modules": len(sys.modules),
         }
 
     def end(self, budget_s: float) -> None:

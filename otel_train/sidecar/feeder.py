@@ -47,7 +47,7 @@ EXTRAS_EVERY = 16  # raw pumps between messages with counters, regions and FLOP 
 WRITE_PHASE, EXTRAS_PHASE = 4, 8
 TICK_S = 0.1  # how often the feeder's thread looks whether the training thread pumped
 IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
-START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 1-2 s)
+START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 0.2 s)
 PROGRESS_S = 1.0  # how often the feeder's thread tells the sidecar's hang watch the progress
 
 

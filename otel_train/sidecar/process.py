@@ -67,6 +67,7 @@ class SidecarProcess:
         self._outbox: collections.deque[bytes] = collections.deque()
         self.queued = 0  # bytes in the outbox and the buffer
         self._control = wire.FrameReader()
+        self._unread: list[tuple[Any, ...]] = []  # read past by wait_for: the next read's
         self.dead = False
         self.last_messages: list[tuple[Any, ...]] = []  # what it said while it ended
 
@@ -110,7 +111,11 @@ class SidecarProcess:
         )
 
     def read(self) -> list[tuple[Any, ...]]:
-        """The sidecar's messages that arrived (never waits)."""
+        """The sidecar's messages that arrived (never waits), those a :meth:`wait_for`
+        read past first."""
+        if self._unread:
+            unread, self._unread = self._unread, []
+            return unread + self.read()
         try:
             data = os.read(self._r, 65536)
         except (BlockingIOError, OSError):
@@ -119,12 +124,14 @@ class SidecarProcess:
 
     def wait_for(self, kinds: tuple[int, ...], deadline: float) -> tuple[Any, ...] | None:
         """The first message of one of ``kinds``, or None at the deadline or the end.
-        Messages of other kinds read meanwhile are dropped: callers name every kind they
-        act on."""
+        Messages of other kinds before it are dropped (callers name every kind they act
+        on); those read with it and after it are kept for the next read."""
         while not self.dead:
             self.write()
-            for message in self.read():
+            messages = self.read()
+            for i, message in enumerate(messages):
                 if message[0] in kinds:
+                    self._unread = messages[i + 1 :]
                     return message
             if self.proc.poll() is not None:
                 return None
@@ -148,6 +155,7 @@ class SidecarProcess:
         reading what it says meanwhile into :attr:`last_messages` (its run summary)."""
         written = self.wait_written(deadline)
         self._close_pipes(stdout=False)
+        self.last_messages += self.read()  # (what a wait read past, and what is there)
         try:
             self._read_to_end(deadline)
             try:

@@ -137,6 +137,74 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     _counted_once(sess, trained)
 
 
+def test_importing_the_package_or_the_sidecar_imports_no_torch() -> None:
+    """``import otel_train`` imports nothing more (the API loads at its first use), and
+    the sidecar's modules import no torch: ``python -m otel_train.sidecar`` imports the
+    package first, then its agent."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, otel_train\n"
+        "assert 'torch' not in sys.modules and 'otel_train.session' not in sys.modules\n"
+        "import otel_train.sidecar.agent\n"
+        "assert 'torch' not in sys.modules, 'the sidecar imports torch'\n"
+        "otel_train.instrument\n"
+        "assert 'otel_train.session' in sys.modules and 'torch' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
+    """The sidecar imports only what it uses (issue 24: with torch it was a second
+    process of a training job's size, ~600 MiB resident). What crosses the pipe is read
+    there without torch too: the settings, applied steps with a FLOP count, the log's
+    entries sent raw, scalars, a region. Its own report after a flush: torch is not
+    among its modules, and it stays under 120 MiB resident (measured here: ~34 MiB)."""
+    sess, model, opt, loader = _started(hang_after=60.0)
+    with otel_train.region("evaluation"):
+        train_epoch(model, opt, loader, record=True)  # (its steps: the region's time)
+    handover = sess.feeder.handover
+    deadline = time.monotonic() + 10
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader, record=True)  # (the FLOP count's steps run applied)
+    assert handover.raw, "a plain loop's log went out raw"
+    for _ in range(3):
+        train_epoch(model, opt, loader, record=True)
+    assert sess.efficiency.probe is not None and sess.efficiency.probe.counted_steps >= 1
+    assert otel_train.flush(10.0)
+    stats = sess.feeder.stats
+    assert stats["steps"] > 0
+    assert stats["torch_imported"] is False, "the sidecar imported torch"
+    assert 0 < stats["rss_bytes"] < 120 * 2**20, f"{stats['rss_bytes'] / 2**20:.0f} MiB"
+
+
+def test_an_answer_read_together_with_another_is_kept(own_sdk: None) -> None:
+    """Two answers the sidecar wrote before the training process read: one read takes
+    both, and the second is there for the next wait (a FLUSHED behind an IDLE was lost
+    this way, and flush() waited its whole deadline)."""
+    from otel_train.settings import Settings
+    from otel_train.sidecar import wire
+    from otel_train.sidecar.process import SidecarProcess
+
+    settings = Settings.resolve({"prometheus": False, "console": "off", "run_dir": "off"})
+    proc = SidecarProcess(None)
+    try:
+        proc.send((wire.HELLO, settings, "test", 0, os.getpid(), None))
+        assert proc.wait_for((wire.READY,), time.monotonic() + 30) == (wire.READY,)
+        proc.send((wire.FLUSH, 1, 5.0))
+        proc.send((wire.FLUSH, 2, 5.0))
+        proc.write()
+        time.sleep(1.0)  # both answered: one read takes the two frames
+        first = proc.wait_for((wire.FLUSHED,), time.monotonic() + 5)
+        second = proc.wait_for((wire.FLUSHED,), time.monotonic() + 5)
+        assert first is not None and first[1] == 1
+        assert second is not None and second[1] == 2, "the second answer was lost"
+    finally:
+        proc.kill()
+
+
 def test_training_goes_on_when_the_sidecar_dies(
     own_sdk: None, caplog: pytest.LogCaptureFixture
 ) -> None:
