@@ -24,7 +24,8 @@ annotation-only imports counted too::
     cli ─► otel_train, runs      testing ─► session, export
     instrumentor ─► otel_train, session, adapters   (opentelemetry-instrument's entry point)
     runs ─► export               (reads run records: replay, report, timeline)
-    session ─► sidecar, wiring, export, recording, debug, signals
+    session ─► sidecar, wiring, export, recording, debug, signals, session_end
+    session_end ─► nothing      (a session's flush and end, handed the session)
     sidecar ─► wiring, export, recording (started by session alone)
     wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)
     adapters ─► recording        (base, backward, batches, collectives, ddp: never each other)

@@ -13,10 +13,10 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from typing import Any, Protocol
 
+from . import session_end
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
@@ -297,22 +297,7 @@ class Session:
     def flush(self, timeout_s: float) -> bool:
         """Every step finished so far reaches the providers: metrics current, spans
         exported (bounded by ``timeout_s``); True if all of it was done in time."""
-        if self.closed:
-            return True
-        self.start_exports()
-        if self.feeder is not None:
-            return self.feeder.flush(timeout_s)
-        if self.worker is None or self.telemetry is None:  # (its exports failed to start)
-            return False
-        deadline = time.monotonic() + timeout_s
-        self.worker.process()
-        ok = True
-        for provider in (self.telemetry.tracer_provider, self.telemetry.meter_provider):
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            flush = getattr(provider, "force_flush", None)
-            if flush is not None:
-                ok = left_ms > 0 and flush(left_ms) is not False and ok
-        return ok
+        return session_end.flush(self, timeout_s)
 
     def export_drops(self) -> dict[str, int]:
         """What the exporters dropped so far, by reason (the sidecar's, after a flush)."""
@@ -322,43 +307,7 @@ class Session:
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Uninstrument everything, drain, print the summary, flush exports; bounded."""
-        if self.closed:
-            return True
-        self.start_exports()  # (a bare-call session's held exports: what it holds leaves)
-        self.closed = True
-        if self.sigterm is not None:
-            self.sigterm.uninstall()
-        budget = self.settings.shutdown_timeout if timeout_s is None else max(0.0, timeout_s)
-        deadline = time.monotonic() + budget
-        rec = self.recorder
-        # A batch fetched but never trained on (nanoGPT fetches the next one at the end
-        # of each iteration) opened a step that holds only its fetch: it is no step.
-        rec.discard_step_if_only("data")
-        for inst in list(self.instrumentations.values()):
-            inst.uninstrument()
-        if rec.current_step is not None and rec.enabled:
-            rec.end_step(rec.current_step.mode)
-        rec.end_background()
-        if self.efficiency.probe is not None:
-            self.efficiency.probe.abort()  # a count still running (a step never ended)
-        if rec.debug is not None:
-            rec.debug.close()  # a profiler window cut short still writes its trace
-        if self.worker is None and self.feeder is None:  # (its exports failed to start)
-            return False
-        if self.feeder is not None:  # the sidecar drains, prints the summary and flushes
-            in_time = self.feeder.close(deadline, time.monotonic() + budget / 2)
-            rec.enabled = False
-            return in_time
-        assert self.worker is not None and self.telemetry is not None
-        # Half the budget for resolving and emitting, the rest for the exporters.
-        self.worker.stop(time.monotonic() + budget / 2)
-        rec.enabled = False
-        if self.settings.console != "off":
-            try:
-                self.worker.console.print_summary()
-            except Exception:
-                _log.exception("otel-train: printing the run summary failed")
-        return self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+        return session_end.shutdown(self, timeout_s)
 
 
 _lock = threading.RLock()

@@ -17,7 +17,8 @@ caches.
 :class:`Recorder` is the one class adapters, the session and tests talk to. It is the
 top of a stack of layers, each using only those below it: the step machine
 (machine.py), phases (phases.py), the deferred log (deferred.py, with the step shapes
-of shapes.py), and here the entry methods the hooks call. The names other modules
+of shapes.py), the entry methods of traces across processes (trace_entries.py), and
+here the entry methods the hooks call. The names other modules
 import from here (scopes, records, limits) are defined in scopes.py and records.py.
 
 Usage::
@@ -33,18 +34,14 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from ..identity import run_id
 from ..settings import Settings
 from .collectives import phase_name as collective_phase
-from .deferred import DeferredLog
-from .links import UNSET, Parent, carrier_dict, parse_carrier, warn_bad_parent
+from .links import UNSET
 from .records import (
     COUNTS,
     DISCARD,
     ENTER,
-    ENTER_REMOTE,
     EXIT,
-    LINK,
     S_NAME,
     SCALARS,
     STEP_BEGIN,
@@ -73,7 +70,7 @@ from .scopes import (
     StepScope,
     boundary,
 )
-from .tokens import MAX_CONSUMED, parse_token, produced_token, warn_bad_token
+from .trace_entries import TraceEntries
 from .values import clean_count, clean_name, raw_scalar
 
 if TYPE_CHECKING:
@@ -104,7 +101,7 @@ __all__ = [
 ]
 
 
-class Recorder(DeferredLog):
+class Recorder(TraceEntries):
     """The recorder's entry methods: what hooks and scopes call on the training thread.
 
     Each one reads the clock, builds its log entry and hands it to ``_record`` (log it,
@@ -127,9 +124,6 @@ class Recorder(DeferredLog):
         self._scalar_names: set[str] = set()
         self._user_scalars: set[str] = set()  # names record_scalars was given: the user's
         self.dropped_scalars = 0
-        self._warned_parent = False  # a bad carrier is warned about once
-        self._warned_token = False  # and a bad token (tokens.py)
-        self._run = run_id()  # this run's id, if known: carriers name it (links.py)
         # The training thread's collective in flight: (op, group, seq, host t0), or None.
         self.collective_now: tuple[str, str, int | None, int] | None = None
 
@@ -317,108 +311,6 @@ class Recorder(DeferredLog):
             self._record((self._tls_stack(), perf_counter_ns(), STEP_END), self._defer)
         except Exception:
             self._fail()
-
-    # -- traces across processes (links.py) ----------------------------------------------
-
-    def carrier(self, policy_version: int | None = None) -> dict[str, str]:
-        """The open step's carrier, its span's ids chosen now if they were not; empty
-        when no step is open (links.py)."""
-        if not self.enabled:
-            return {}
-        try:
-            t = perf_counter_ns()
-            with self._lock:
-                self._settle()
-                link = self._own_link(t)
-                index = self._current.index if self._current is not None else -1
-            if link is None:
-                return {}
-            return carrier_dict(link, index, self._run, clean_count(policy_version))
-        except Exception:
-            self._fail()
-            return {}
-
-    def join(self, parent: Parent) -> None:
-        """The open step becomes a child of the span ``parent`` names (logged)."""
-        if not self.enabled:
-            self._disabled()
-            return
-        try:
-            self._record((None, 0, LINK, tuple(parent)), self._defer)
-        except Exception:
-            self._fail()
-
-    def enter_remote(self, name: str, parent: Parent | None, span: int) -> None:
-        """Enter a remote phase (its own tree, in no step here: links.py) whose outermost
-        span gets the id ``span``."""
-        if not self.enabled:
-            self._disabled()
-            return
-        try:
-            item = (self._tls_stack(), perf_counter_ns(), ENTER_REMOTE, name,
-                    tuple(parent) if parent is not None else None, span)  # fmt: skip
-            self._record(item, self._defer)
-        except Exception:
-            self._fail()
-
-    def produced(
-        self, name: str, parent: Parent | None, span: int, policy_version: Any = None
-    ) -> dict[str, str]:
-        """The token of the remote phase whose span is ``span`` (tokens.py): figures
-        once it has ended (the log applied first), else only its span."""
-        if not self.enabled or not span:
-            return {}
-        try:
-            with self._lock:
-                self._settle()
-                figures = self.produced_figures.pop(span, None)
-            version = clean_count(policy_version)
-            if parent is not None and version is not None:
-                parent = parent._replace(policy_version=version)
-            mem = self.memory
-            total = mem.total_bytes if mem is not None else None
-            role = self.settings.role
-            return produced_token(name, parent, span, self._run, role, figures, total)
-        except Exception:
-            self._fail()
-            return {}
-
-    def consumed(self, token: Any, policy_version: Any = None) -> None:
-        """The open step consumed what ``token`` names (tokens.py): a span link to it,
-        its staleness, its figures in the console; a bad token warns once."""
-        if not self.enabled:
-            return
-        try:
-            try:
-                got, why = parse_token(token, self._run, clean_count(policy_version))
-            except Exception:
-                got, why = None, "a token that could not be read"
-            with self._lock:
-                self._settle()
-                step = self._current
-                if got is not None and step is None:
-                    got, why = None, "a token outside any step"
-                if got is not None and step is not None:
-                    if step.consumed is None:
-                        step.consumed = []
-                    if len(step.consumed) < MAX_CONSUMED:
-                        step.consumed.append(got)
-            if got is None and not self._warned_token:
-                self._warned_token = True
-                warn_bad_token(why)
-        except Exception:
-            self._fail()
-
-    def _parent_of(self, carrier: Any, where: str) -> Parent | None:
-        """What ``carrier`` names, or None with one warning per session (links.py)."""
-        try:
-            parent, why = parse_carrier(carrier, self._run)
-        except Exception:
-            parent, why = None, "a carrier that could not be read"
-        if parent is None and not self._warned_parent:
-            self._warned_parent = True
-            warn_bad_parent(why, where)
-        return parent
 
     # -- counts ------------------------------------------------------------------------
 

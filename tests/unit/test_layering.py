@@ -111,7 +111,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "adapters": BASE | {"recording"},  # leaves over the core; talk to the OTel API only
     "wiring": BASE | {"recording", "export"},  # the consumer side, built in one place
     "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
-    "session": BASE | {"signals", "debug", "recording", "export", "wiring", "sidecar"},
+    "session": BASE
+    | {"signals", "debug", "recording", "export", "wiring", "sidecar", "session_end"},
+    "session_end": frozenset(),  # a session's flush and end (it is handed the session)
     # the package: names the public API, each name loaded at its first use
     "otel_train": BASE | {"api", "session", "adapters"},
     "api": BASE | {"session", "adapters", "recording"},  # the public API's functions
