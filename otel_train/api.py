@@ -46,6 +46,7 @@ def instrument(
     count_batch: Any = None,
     tracer_provider: Any = None,
     meter_provider: Any = None,
+    logger_provider: Any = None,
     **settings: Any,
 ) -> Instrumentation:
     """Instrument a training target; returns a handle (also a context manager).
@@ -55,7 +56,8 @@ def instrument(
     whose methods are the phases (RL loops). ``count_batch=fn``: ``fn(batch)`` returns
     the batch's ``(samples, tokens)`` (either may be None), instead of the rule in
     ``otel_train/adapters/batches.py``. Providers given are used as they are; the other
-    keywords are settings (README.md, "Configuration").
+    keywords are settings (README.md, "Configuration"); ``logger_provider``: where hang
+    records go with your own providers (default: the global one).
 
     Raises TypeError for unsupported targets and ConfigError (a ValueError) for bad
     settings, before changing anything.
@@ -69,7 +71,11 @@ def instrument(
         count_batch=count_batch,
     )
     sess = session.get_or_create(
-        settings, tracer_provider, meter_provider, origin="otel_train.instrument()"
+        settings,
+        tracer_provider,
+        meter_provider,
+        origin="otel_train.instrument()",
+        logger_provider=logger_provider,
     )
     existing = sess.instrumentations.get(id(target))
     if isinstance(existing, Instrumentation) and existing.active and existing.target is target:

@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Protocol
 
 from . import session_end
+from .export.logs import application_logger_provider
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
@@ -27,6 +28,7 @@ from .export.setup import (
     builds_own,
     check_exporters,
     exports_traces,
+    relayed_providers,
 )
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
@@ -122,9 +124,10 @@ class Session:
         source = StepSource(self.recorder)
         own = builds_own(tracer_provider, meter_provider)
         self.record = record_plan(settings, service_name(settings)) if own else None
-        if settings.sidecar == "auto" and debug is None and own:
+        relay = None if own else relayed_providers(tracer_provider, meter_provider)
+        if settings.sidecar == "auto" and debug is None and (own or relay is not None):
             try:
-                self._start_sidecar(settings, source)
+                self._start_sidecar(settings, source, relay)
             except SidecarUnavailable as err:
                 _log.warning(
                     "otel-train: the sidecar process could not start (%s); its work runs on "
@@ -213,9 +216,13 @@ class Session:
             else emitter is not None and emitter.ids is not None
         )
 
-    def _start_sidecar(self, settings: Settings, source: StepSource) -> None:
+    def _start_sidecar(
+        self, settings: Settings, source: StepSource, relay: tuple[Any, Any] | None = None
+    ) -> None:
+        """``relay``: the application's (tracer, meter) providers, served from the sidecar
+        (sidecar/relay.py); None: the sidecar builds otel-train's own."""
         check_exporters(settings)  # a bad exporter setting fails here, not in the sidecar
-        port = metrics_port(settings) if settings.prometheus else None
+        port = metrics_port(settings) if settings.prometheus and relay is None else None
         sock = None
         if port is not None:
             sock = bind_metrics_socket(settings.prometheus_host, port, settings.prometheus_ranks)
@@ -229,9 +236,12 @@ class Session:
             now_offset_ns(),
             sock,
             self.record,
+            None if relay is None else (*relay, application_logger_provider(self.logger_provider)),
         )
-        # What the sidecar builds, as seen from here (its providers live there).
-        self.telemetry = Telemetry(None, None, None, owned=True)
+        if relay is not None:  # the application's providers, fed here by the relay
+            self.telemetry = Telemetry(*relay, None)
+        else:  # what the sidecar builds, as seen from here (its providers live there)
+            self.telemetry = Telemetry(None, None, None, owned=True)
         self.recorder.on_backlog(self.feeder.pump, PUMP_ENTRIES, PUMP_STEPS)
 
     @property
@@ -248,7 +258,7 @@ class Session:
     def exports_traces(self) -> bool:
         """Whether steps leave as spans (a tracer provider here, or the sidecar's OTLP
         export or run record)."""
-        if self.feeder is not None:
+        if self.feeder is not None and self.feeder.relay is None:
             return self.exports_otlp or self.record is not None
         return self.telemetry is not None and self.telemetry.tracer_provider is not None
 

@@ -212,3 +212,50 @@ class BridgedInMemoryReader(_Bridged, InMemoryMetricReader):
     def __init__(self, bridge: HistogramBridge, *args: Any, **kwargs: Any) -> None:
         self._otel_train_bridge = bridge
         super().__init__(*args, **kwargs)
+
+
+def bridge_readers(meter_provider: Any, bridge: HistogramBridge) -> bool:
+    """Put ``bridge`` on every reader of an application's SDK meter provider (each
+    collection then merges otel-train's histograms in, as otel-train's own readers do);
+    False when it has none that takes it (not the SDK's)."""
+    readers = getattr(meter_provider, "_metric_readers", None)
+    if readers is None:  # (older SDKs kept them in the configuration)
+        readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", None)
+    if not readers:
+        return False
+    for reader in readers:
+        if isinstance(reader, _Bridged) or getattr(reader, "_otel_train_bridge", None):
+            continue
+        original = reader._receive_metrics
+
+        def receive(data: Any, timeout_millis: float = 10_000, *, _reader: Any = reader,
+                    _original: Any = original, **kw: Any) -> Any:  # fmt: skip
+            try:
+                data = bridge.merge(_reader, data)
+            except Exception:  # never lose the application's own metrics because of ours
+                import logging
+
+                logging.getLogger("otel_train").exception("otel-train: histogram bridge failed")
+            return _original(data, timeout_millis, **kw)
+
+        reader._receive_metrics = receive
+        reader._otel_train_bridge = bridge
+    return True
+
+
+def mirror_into(meter_provider: Any, mirror: MetricsAggregator, version: str) -> Any:
+    """The application's meter provider reads ``mirror`` at its own collection times:
+    observable instruments for counters and gauges, the histogram bridge on its readers
+    for histograms (the relay's: sidecar/relay.py). Returns the publisher (None without a
+    meter provider)."""
+    from ..recording.instruments import Publisher
+
+    if meter_provider is None:
+        return None
+    resource = getattr(getattr(meter_provider, "_sdk_config", None), "resource", None)
+    bridge = HistogramBridge(resource or Resource.create({}), version)
+    bridge.attach(mirror)
+    if not bridge_readers(meter_provider, bridge):
+        raise TypeError("the meter provider is not the SDK's: its readers take no bridge")
+    meter = meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
+    return Publisher(meter, mirror, histograms_via_api=False)

@@ -173,6 +173,24 @@ def build_telemetry(
     return build_own(settings, version, record=record)
 
 
+def relayed_providers(
+    tracer_provider: Any | None, meter_provider: Any | None
+) -> tuple[Any, Any] | None:
+    """The application's providers when the sidecar can serve them (sidecar/relay.py): an
+    SDK meter provider (given, else the global one) whose readers do not carry otel-train's
+    bridge already (otel-train's own and its testing helpers' do: those get the worker
+    here), and an SDK tracer provider or none; else None."""
+    if tracer_provider is None and meter_provider is None:
+        gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
+        tracer_provider = gtp if _is_sdk_tracer_provider(gtp) else None
+        meter_provider = gmp if _is_sdk_meter_provider(gmp) else None
+    if not isinstance(meter_provider, MeterProvider) or meter_provider in _BRIDGES:
+        return None
+    if tracer_provider is not None and not isinstance(tracer_provider, TracerProvider):
+        return None
+    return tracer_provider, meter_provider
+
+
 def builds_own(tracer_provider: Any | None, meter_provider: Any | None) -> bool:
     """Whether :func:`build_telemetry` would build otel-train's own SDK (rule 3)."""
     if tracer_provider is not None or meter_provider is not None:

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from ..export.resource import rank
-from ..export.setup import build_own
+from ..export.setup import Telemetry, build_own
 from ..recording.batch import Shape
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
@@ -37,6 +37,7 @@ from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
+from .relay import METRICS_S, RelayEmitter, RelayLoggerProvider, RelayOut, send_metrics
 
 _log = logging.getLogger("otel_train")
 _REPLICA = Counters()  # marks the replica's batches: the counters are the trainer's
@@ -203,9 +204,17 @@ class Agent:
         _, settings, version, offset_ns, _parent, record = hello
         self.settings = settings
         self._out = out
-        fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
-        sock = socket.socket(fileno=int(fd)) if fd else None
-        self.telemetry = build_own(settings, version, sock, record)
+        relay_fd = os.environ.get("OTEL_TRAIN_SIDECAR_RELAY_FD")
+        # The application's providers (in the training process): the relay hands them
+        # what this process makes (relay.py); else this process exports itself.
+        self.relay = RelayOut(int(relay_fd)) if relay_fd else None
+        if self.relay is not None:
+            self.telemetry = Telemetry(None, None, None,
+                                       logger_provider=RelayLoggerProvider(self.relay))  # fmt: skip
+        else:
+            fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
+            sock = socket.socket(fileno=int(fd)) if fd else None
+            self.telemetry = build_own(settings, version, sock, record)
         self.source = RemoteSource(settings, out)
         self.templates: dict[int, Template] = {}
         self.regions = RegionLog()
@@ -221,7 +230,20 @@ class Agent:
             hangs=self.hangs,
         )  # fmt: skip
         self.worker = consumer.worker
+        if self.relay is not None:
+            # (SpanEmitter's interface: the worker calls emit() and emit_remote())
+            self.worker.emitter = RelayEmitter(self.relay, offset_ns)  # type: ignore[assignment]
+            threading.Thread(target=self._send_metrics, name="otel-train-relay",
+                             daemon=True).start()  # fmt: skip
         self.worker.start()
+
+    def _send_metrics(self) -> None:
+        """The relay's metrics, every METRICS_S (relay.py)."""
+        relay = self.relay
+        assert relay is not None
+        while not relay.gone:
+            time.sleep(METRICS_S)
+            send_metrics(relay, self.worker.agg)
 
     def handle(self, message: tuple[Any, ...]) -> bool:
         """Apply one message; False at the end."""
@@ -266,9 +288,13 @@ class Agent:
         self._out((wire.CONSOLE, text))
 
     def flush(self, timeout_s: float) -> bool:
-        """Every step that arrived in the metrics, its spans exported; bounded."""
+        """Every step that arrived in the metrics, its spans exported; bounded (with the
+        relay: sent back, the training process flushes its providers itself)."""
         deadline = time.monotonic() + timeout_s
         self.worker.process()
+        if self.relay is not None:
+            send_metrics(self.relay, self.worker.agg)
+            return True
         t = self.telemetry
         result: list[bool] = []
 
@@ -306,7 +332,18 @@ class Agent:
                 self.worker.console.print_summary()
             except Exception:
                 _log.exception("otel-train: printing the run summary failed")
+        if self.relay is not None:
+            send_metrics(self.relay, self.worker.agg)
+            self._drain_relay(deadline)
         self.in_time = self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+
+    def _drain_relay(self, deadline: float) -> None:
+        """What the relay's pipe has not taken yet, before this process exits."""
+        relay = self.relay
+        assert relay is not None
+        while relay.pending and not relay.gone and time.monotonic() < deadline:
+            relay.write()
+            time.sleep(0.005)
 
 
 def _protocol_out() -> Any:

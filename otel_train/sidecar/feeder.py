@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from ..identity import rank
 from ..recording.batch import StepBlock
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
@@ -32,6 +33,7 @@ from . import wire
 from .handback import ConsoleHandback
 from .process import SidecarProcess
 from .raw import RawHandover
+from .relay import RelayIn
 
 _log = logging.getLogger("otel_train")
 PUMP_ENTRIES = 32  # log entries that make a pump due (a plain loop logs ~8 per step)
@@ -66,8 +68,11 @@ class Feeder:
         offset_ns: int,
         metrics_socket: Any | None,
         record: Any = None,
+        relay: tuple[Any, Any, Any] | None = None,
     ) -> None:
-        """``record``: the run record's plan (export/record.py), or None."""
+        """``record``: the run record's plan (export/record.py), or None; ``relay``: the
+        application's (tracer, meter, logger) providers, which the sidecar serves through
+        the relay (relay.py), or None when it exports itself."""
         self.source = source
         self.efficiency = efficiency
         self.regions = regions
@@ -82,7 +87,16 @@ class Feeder:
         self._pumps = 0
         self._flush_seq = 0
         self.stats: dict[str, Any] = {}  # the sidecar's figures at the last flush
-        self.process = SidecarProcess(metrics_socket)
+        self.relay: RelayIn | None = None
+        relay_w = None
+        if relay is not None:
+            relay_r, relay_w = os.pipe()
+            self.relay = RelayIn(relay_r, relay, rank(), offset_ns, version)
+        try:
+            self.process = SidecarProcess(metrics_socket, relay_w)
+        finally:
+            if relay_w is not None:
+                os.close(relay_w)  # (the sidecar holds it now)
         self.handover = RawHandover(source.recorder, self.process.send)
         self.process.send((wire.HELLO, settings, version, offset_ns, os.getpid(), record))
         answer = self.process.wait_for(
@@ -128,6 +142,8 @@ class Feeder:
             now = time.monotonic()
             if now - self._last_pump >= IDLE_PUMP_S:
                 self.pump(idle=True)
+            if self.relay is not None:
+                self._relay()
             if self.hangs is not None and now - told >= PROGRESS_S:
                 told = now
                 self._hang_messages()
@@ -255,6 +271,14 @@ class Feeder:
         for message in self.process.read():
             self._apply(message)
 
+    def _relay(self) -> None:
+        """What the sidecar sends back for the application's providers (relay.py)."""
+        try:
+            self.relay.take()  # type: ignore[union-attr]
+        except Exception:
+            self.relay = None
+            _log.exception("otel-train: handing telemetry to the providers failed; it is off")
+
     def _hang_messages(self) -> None:
         """PROGRESS, and the details of a HANG_PROBE asked for (on this thread: the
         training thread may have read the probe, but it never collects them)."""
@@ -309,7 +333,10 @@ class Feeder:
                     self._apply(answer)
                 elif answer[1] == seq:
                     self.stats = answer[2]
-                    return bool(answer[3])
+                    ok = bool(answer[3])
+                    if self.relay is not None:  # (what it sent back: into the providers)
+                        ok = self.relay.flush(deadline) and ok
+                    return ok
 
     def close(self, deadline: float, drain_until: float) -> bool:
         """Hand on what resolves before ``drain_until``, then end the sidecar by
@@ -329,4 +356,6 @@ class Feeder:
             for message in self.process.last_messages:
                 if message[0] == wire.CONSOLE:
                     self.console.write(message[1])
+            if self.relay is not None:  # (what it sent back before it ended)
+                self.relay.drain(deadline)
             return in_time

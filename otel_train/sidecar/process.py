@@ -30,9 +30,14 @@ _F_SETPIPE_SZ = 1031
 
 
 class SidecarProcess:
-    def __init__(self, metrics_socket: socket.socket | None) -> None:
+    def __init__(self, metrics_socket: socket.socket | None, relay_fd: int | None = None) -> None:
+        """``relay_fd``: the write end of the relay's pipe (relay.py), handed to it."""
         pass_fds: tuple[int, ...] = ()
         env = dict(os.environ)
+        env.pop("OTEL_TRAIN_SIDECAR_RELAY_FD", None)
+        if relay_fd is not None:
+            pass_fds += (relay_fd,)
+            env["OTEL_TRAIN_SIDECAR_RELAY_FD"] = str(relay_fd)
         if metrics_socket is not None:
             pass_fds += (metrics_socket.fileno(),)
             env["OTEL_TRAIN_SIDECAR_METRICS_FD"] = str(metrics_socket.fileno())

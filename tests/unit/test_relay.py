@@ -1,0 +1,141 @@
+"""The application's own SDK providers, served from the sidecar (sidecar/relay.py).
+
+An application that set up OpenTelemetry passes plain SDK providers (not otel-train's
+testing helpers, whose readers carry its bridge and keep the worker in this process): the
+sidecar does the consumer side's work and sends back what those providers need. The same
+loop through otel-train's in-process worker gives the reference."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
+
+import otel_train
+from otel_train import contract as c
+from otel_train.testing import InMemoryTelemetry
+
+
+class AppProviders:
+    """What an application builds: SDK providers with in-memory exporters."""
+
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.logs = InMemoryLogRecordExporter()
+        self.logger_provider = LoggerProvider()
+        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+
+    def given(self) -> dict[str, Any]:
+        return {"tracer_provider": self.tracer_provider, "meter_provider": self.meter_provider,
+                "logger_provider": self.logger_provider}  # fmt: skip
+
+    def metrics(self) -> dict[str, list[Any]]:
+        data = self.reader.get_metrics_data()
+        out: dict[str, list[Any]] = {}
+        for rm in data.resource_metrics if data else []:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    out.setdefault(m.name, []).extend(m.data.data_points)
+        return out
+
+
+def _tree(spans: list[Any]) -> list[tuple[str, str]]:
+    """(span name, parent's name) of every span, sorted: the shape of the traces."""
+    by_id = {s.context.span_id: s for s in spans}
+    return sorted(
+        (s.name, by_id[s.parent.span_id].name if s.parent and s.parent.span_id in by_id else "")
+        for s in spans
+    )
+
+
+def _run(**given: Any) -> Any:
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, trace_steps="all",
+                          console="off", **given)  # fmt: skip
+    session = otel_train.session.current()
+    train_epoch(model, opt, loader)
+    assert otel_train.flush(timeout=15)
+    return session
+
+
+def test_the_sidecar_serves_the_applications_providers_as_the_worker_would() -> None:
+    app = AppProviders()
+    session = _run(**app.given())
+    assert session.feeder is not None and session.feeder.relay is not None
+    assert session.worker is None  # (no consumer thread in this process)
+    relayed = app.spans.get_finished_spans()
+    metrics = app.metrics()
+    otel_train.shutdown()
+
+    tel = InMemoryTelemetry()  # the reference: otel-train's worker in this process
+    reference_session = _run(**providers(tel))
+    assert reference_session.worker is not None
+    reference = tel.spans()
+    otel_train.shutdown()
+
+    assert _tree(relayed) == _tree(reference)
+    assert len([s for s in relayed if s.name == c.STEP_SPAN.name]) == 8
+    steps = metrics[c.STEPS.name]
+    assert [p.value for p in steps] == [8.0]
+    (durations,) = metrics[c.STEP_DURATION.name]  # (through the bridge on its reader)
+    assert durations.count == 8
+    phases = {p.attributes[c.A_PHASE]: p.count for p in metrics[c.PHASE_DURATION.name]}
+    assert phases == {"data": 8, "forward": 8, "backward": 8, "optimizer": 8}
+    # Exemplars name the relayed step spans' ids: chosen in the sidecar, kept here.
+    ids = {s.context.trace_id for s in relayed}
+    exemplar_ids = {e.trace_id for e in durations.exemplars}
+    assert exemplar_ids and exemplar_ids <= ids
+
+
+def test_a_carrier_names_the_span_the_relay_builds() -> None:
+    app = AppProviders()
+    otel_train.configure(console="off", **app.given())
+    with otel_train.step():
+        carrier = otel_train.carrier()
+    assert otel_train.flush(timeout=15)
+    (step,) = [s for s in app.spans.get_finished_spans() if s.name == c.STEP_SPAN.name]
+    otel_train.shutdown()
+    _, trace_id, span_id, _ = carrier["traceparent"].split("-")
+    assert (int(trace_id, 16), int(span_id, 16)) == (step.context.trace_id, step.context.span_id)
+
+
+def test_a_hang_record_reaches_the_applications_logger_provider() -> None:
+    app = AppProviders()
+    otel_train.configure(console="off", hang_after=1, **app.given())
+    with otel_train.step(), otel_train.phase("forward"):
+        time.sleep(3.0)
+    assert otel_train.flush(timeout=15)
+    otel_train.shutdown()
+    records = [getattr(r, "log_record", r) for r in app.logs.get_finished_logs()]
+    hangs = [r for r in records if r.event_name == c.HANG_EVENT]
+    assert hangs and hangs[0].attributes[c.PHASE_NAME.key] == "forward"
+    assert "time.sleep(3.0)" in hangs[0].attributes[c.HANG_STACKTRACE.key]
+
+
+@pytest.mark.parametrize("kill", [True])
+def test_training_goes_on_when_the_sidecar_dies(kill: bool) -> None:
+    app = AppProviders()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
+                          **app.given())  # fmt: skip
+    session = otel_train.session.current()
+    assert session.feeder is not None
+    session.feeder.proc.kill()
+    for _ in range(3):
+        train_epoch(model, opt, loader)
+    otel_train.shutdown()  # (no exception, training went on)
