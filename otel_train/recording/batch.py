@@ -253,6 +253,11 @@ class StepBlock:
         block.samples, block.tokens, block.padded = counts
         return block
 
+    def last_end(self) -> int:
+        """When the block's last step ended (host ns; a block from :meth:`from_raw`)."""
+        tpl = self.template
+        return int(self._times[(self.k - 1) * tpl.m + tpl.end])
+
     def _counts(self) -> tuple[Column, Column, Column]:
         tpl, m = self.template, self.template.m
         if not tpl.counts:

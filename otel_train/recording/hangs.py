@@ -84,6 +84,9 @@ class HangWatch:
         self.limit = AUTO_FIRST_STEP_S
         self.waiting = False
         self.records = 0  # hang records sent (a figure for tests and the summary)
+        # The watch's start counts as progress: a process stuck (or frozen) before its
+        # first boundary, or before the word of one reached here, is a hang too.
+        self.start_ns = time.perf_counter_ns()
         self._lock = threading.RLock()  # tick (the worker) and report (the sidecar's reader)
 
     def limit_for(self, region: str | None, stepped: bool) -> float:
@@ -91,15 +94,15 @@ class HangWatch:
         limit = (AUTO_S if stepped else AUTO_FIRST_STEP_S) if after == "auto" else float(after)
         return limit * REGION_FACTOR if region else limit
 
-    def tick(self, now_ns: int, stepped: bool) -> bool:
-        """Compare the latest progress with its limit; ask for a record when one is due.
-        False while no progress is known yet (no gauge to show)."""
+    def tick(self, now_ns: int, stepped: bool) -> None:
+        """Compare the latest progress with its limit; ask for a record when one is due."""
         progress = self._progress()
-        if progress is None or not progress.ns:
-            return False
+        if progress is None:
+            progress = Progress(self.start_ns, None, False)
+        elif progress.ns < self.start_ns:
+            progress = progress._replace(ns=self.start_ns)
         with self._lock:
             self._tick(progress, now_ns, stepped)
-        return True
 
     def _tick(self, progress: Progress, now_ns: int, stepped: bool) -> None:
         self.age = max(0.0, (now_ns - progress.ns) / 1e9)

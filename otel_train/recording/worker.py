@@ -112,8 +112,7 @@ class Worker:
         so they keep rising while the training thread is stuck."""
         watch = self.hangs
         try:
-            if not watch.tick(time.perf_counter_ns(), self.steps_processed > 0):
-                return
+            watch.tick(time.perf_counter_ns(), self.steps_processed > 0)
             with self.agg.lock:
                 self.agg.set(c.PROGRESS_AGE.name, (), watch.age)
                 self.agg.set(c.PROGRESS_LIMIT.name, (), watch.limit)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import Telemetry, build_own
-from ..recording.batch import Shape
+from ..recording.batch import Shape, StepBlock
 from ..recording.blocks import Template
 from ..recording.efficiency import EfficiencyTracker
 from ..recording.hangs import Progress
@@ -180,15 +180,29 @@ class RemoteProbe:
 
 class RemoteHangs:
     """The hang watch's view of the training process from here (recording/hangs.py): its
-    progress as the feeder's thread last told it, and details asked for over the pipe."""
+    progress as the feeder's thread last told it, or as the steps and log entries that
+    arrived since show (a process frozen between two words of its feeder, SIGSTOP for
+    one, still has its latest boundary known here), and details asked for over the pipe."""
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: Any, source: RemoteSource) -> None:
         self._out = out
+        self._source = source
         self.latest: Progress | None = None
+        self.seen_ns = 0  # the newest step end that arrived in a batch
         self.watch: Any = None  # the HangWatch, set by wiring.build_consumer
 
     def progress(self) -> Progress | None:
-        return self.latest
+        latest = self.latest
+        seen = max(self.seen_ns, self._source.replica.progress_ns())
+        if latest is None:
+            return Progress(seen, None, False) if seen else None
+        return latest._replace(ns=seen) if seen > latest.ns else latest
+
+    def arrived(self, batch: Batch) -> None:
+        for part in batch.parts:
+            if part:
+                end = part.last_end() if isinstance(part, StepBlock) else part[-1].host_end
+                self.seen_ns = max(self.seen_ns, end)
 
     def ask(self, age: float, limit: float) -> None:
         self._out((wire.HANG_PROBE, age, limit))
@@ -224,7 +238,7 @@ class Agent:
             settings, None, self.regions, settings.throughput_window, probe=self.probe
         )
         self.efficiency.model_facts = (0, "fp32", None)  # until the first batch's
-        self.hangs = RemoteHangs(out)
+        self.hangs = RemoteHangs(out, self.source)
         consumer = build_consumer(
             settings, self.telemetry, self.source, self.efficiency, version, rank(), offset_ns,
             hangs=self.hangs,
@@ -260,7 +274,9 @@ class Agent:
                 if probe_state is not None:
                     self.probe.armed, self.probe.failed = probe_state
             self.regions.done.extend(regions)
-            self.source.push(wire.decode_batch(message, self.templates))
+            batch = wire.decode_batch(message, self.templates)
+            self.hangs.arrived(batch)
+            self.source.push(batch)
         elif kind == wire.RAW:
             self.source.push_raw(message[1], message[2])
         elif kind == wire.RAW_BEGIN:

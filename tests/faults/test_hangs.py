@@ -246,6 +246,43 @@ def test_the_survivors_of_a_killed_rank_fail_with_the_collectives_error(
     ]
 
 
+FROZEN = textwrap.dedent("""
+    import time, torch, otel_train
+    from otel_train.sidecar import feeder
+    feeder.PROGRESS_S = 3600.0  # its thread tells the progress once, before any step
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    otel_train.instrument(model, optimizer=opt, hang_after=2.0, console_every=0)
+    time.sleep(0.5)  # (that once: no boundary yet)
+    for _ in range(5):
+        model(torch.randn(4, 8)).sum().backward(); opt.step()
+    time.sleep(9.0)  # the sidecar hears nothing more, as from a process frozen now
+    model(torch.randn(4, 8)).sum().backward(); opt.step()
+    assert otel_train.shutdown()
+""")
+
+
+def test_a_process_frozen_before_its_feeder_told_any_progress_is_still_reported(
+    collector: Collector, tmp_path: Path
+) -> None:
+    """The sidecar knows the training thread's latest boundary from the steps that
+    arrived, not only from the feeder's word each second: a process frozen (SIGSTOP)
+    within a second of its first steps has its hang reported by its sidecar (the
+    torchrun test above raced that second)."""
+    script = tmp_path / "frozen.py"
+    script.write_text(FROZEN)
+    since = len(collector.output())
+    env = job_env(collector.endpoint, OTEL_SERVICE_NAME=f"frozen-{os.getpid()}")
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    time.sleep(2.5)  # (the last exports)
+    got = [r for r in log_records(collector.output()[since:]) if r["event"] == c.HANG_EVENT]
+    assert got, done.stderr[-3000:]
+    assert "did not answer" in got[0][c.HANG_STACKTRACE.key]
+    assert 2.0 <= float(got[0][c.HANG_SECONDS.key]) <= 8.0
+
+
 @pytest.mark.parametrize("mode", ["slow", "checkpoint"])
 def test_slow_steps_and_a_long_checkpoint_are_no_hang(
     collector: Collector, tmp_path: Path, mode: str
