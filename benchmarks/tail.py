@@ -100,6 +100,16 @@ def _other_cpus() -> set[int]:
     return _CPUS - {0}
 
 
+def _move_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (sched_setaffinity moves one thread: the
+    sidecar's threads, started before it, would stay on the training CPU)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            continue
+
+
 def _pin_stack() -> str:
     """Move the running stack's servers off CPU 0; says what moved."""
     stack = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "stack")
@@ -112,7 +122,7 @@ def _pin_stack() -> str:
     moved = []
     for name, svc in services.items():
         try:
-            os.sched_setaffinity(int(svc["pid"]), _other_cpus())
+            _move_process(int(svc["pid"]), _other_cpus())
             moved.append(name)
         except (KeyError, OSError, ValueError):
             continue
@@ -168,7 +178,7 @@ def one(
         session = otel_train.session.current()
         feeder = getattr(session, "feeder", None)
         if pin and feeder is not None:
-            os.sched_setaffinity(feeder.process.proc.pid, _other_cpus())
+            _move_process(feeder.process.proc.pid, _other_cpus())
     gen2: list[int] = []
     pc = time.perf_counter_ns
 
