@@ -362,18 +362,6 @@ class Agent:
             time.sleep(0.005)
 
 
-def lower_priority() -> None:
-    """Training comes first when both want a core. The sidecar runs in a session of its
-    own (Ctrl-C is the trainer's), and where the kernel groups tasks by session
-    (``sched_autogroup``, on by default in most distributions) CFS shares a core between
-    the groups as equals whatever a task's own niceness: the group's niceness has to be
-    raised too (``/proc/self/autogroup``), or the sidecar takes half of a shared core."""
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
-    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-        f.write(str(NICE))
-
-
 def _protocol_out() -> Any:
     """The pipe to the training process, on a descriptor of its own: fd 1 (what print()
     and console="stdout" write to) becomes the training process's stdout, else stderr."""
@@ -392,7 +380,8 @@ def main() -> None:
     # Signals to the training job are the trainer's: it tells us when to end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lower_priority()
+    with contextlib.suppress(OSError):  # training comes first when both want a core
+        os.nice(NICE)
     logging.basicConfig(format="%(message)s")
     write_lock = threading.Lock()
     stdout = _protocol_out()

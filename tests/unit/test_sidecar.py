@@ -180,27 +180,6 @@ def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
     assert 0 < stats["rss_bytes"] < 120 * 2**20, f"{stats['rss_bytes'] / 2**20:.0f} MiB"
 
 
-def _nice(path: str) -> int:
-    with open(path) as f:  # "/autogroup-123 nice 10"
-        return int(f.read().split()[-1])
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no sched_autogroup")
-def test_the_sidecar_yields_a_shared_core_to_training_in_its_own_session(own_sdk: None) -> None:
-    """The sidecar runs in a session of its own; with sched_autogroup the kernel shares a
-    core between sessions as equals, so its own niceness alone would give it half a core
-    beside the training thread (seen pinned: 80 ms waits on the training thread with no
-    voluntary switch). Its session's group is niced as the process is."""
-    sess, _, _, _ = _started()
-    pid = sess.feeder.process.proc.pid
-    assert os.getsid(pid) != os.getsid(0)  # (its own session: Ctrl-C is the trainer's)
-    assert os.getpriority(os.PRIO_PROCESS, pid) >= 10
-    with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-        enabled = f.read().strip() == "1"
-    if enabled:
-        assert _nice(f"/proc/{pid}/autogroup") == 10
-
-
 def test_an_answer_read_together_with_another_is_kept(own_sdk: None) -> None:
     """Two answers the sidecar wrote before the training process read: one read takes
     both, and the second is there for the next wait (a FLUSHED behind an IDLE was lost
