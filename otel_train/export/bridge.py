@@ -181,18 +181,25 @@ def _exponential_point(
     )
 
 
+def _merged(bridge: HistogramBridge, reader: Any, metrics_data: Any) -> Any:
+    """``metrics_data`` with otel-train's histograms merged in for ``reader`` (as it
+    was when the merge fails: never lose the SDK's own metrics because of ours)."""
+    try:
+        return bridge.merge(reader, metrics_data)
+    except Exception:
+        import logging
+
+        logging.getLogger("otel_train").exception("otel-train: histogram bridge failed")
+        return metrics_data
+
+
 class _Bridged:
     _otel_train_bridge: HistogramBridge
 
     def _receive_metrics(
         self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any
     ) -> None:
-        try:
-            metrics_data = self._otel_train_bridge.merge(self, metrics_data)
-        except Exception:  # never lose the SDK's own metrics because of ours
-            import logging
-
-            logging.getLogger("otel_train").exception("otel-train: histogram bridge failed")
+        metrics_data = _merged(self._otel_train_bridge, self, metrics_data)
         super()._receive_metrics(metrics_data, timeout_millis, **kw)  # type: ignore[misc]
 
 
@@ -230,13 +237,7 @@ def bridge_readers(meter_provider: Any, bridge: HistogramBridge) -> bool:
 
         def receive(data: Any, timeout_millis: float = 10_000, *, _reader: Any = reader,
                     _original: Any = original, **kw: Any) -> Any:  # fmt: skip
-            try:
-                data = bridge.merge(_reader, data)
-            except Exception:  # never lose the application's own metrics because of ours
-                import logging
-
-                logging.getLogger("otel_train").exception("otel-train: histogram bridge failed")
-            return _original(data, timeout_millis, **kw)
+            return _original(_merged(bridge, _reader, data), timeout_millis, **kw)
 
         reader._receive_metrics = receive
         reader._otel_train_bridge = bridge
