@@ -19,6 +19,10 @@ process each, ``--rounds`` times:
 - ``app``: the application's own providers (an SDK ``TracerProvider`` and
   ``MeterProvider`` exporting OTLP/HTTP, passed to ``instrument()``): the configuration of
   every application that set up OpenTelemetry before otel-train;
+- ``profile``: ``default`` with ``profile_steps`` switched on over a window past the
+  measured steps: the configuration of a debugging run outside its window (until this
+  round it kept the consumer side on a thread of the training process; inside the
+  window torch.profiler's own cost is the point, and is not measured here);
 - ``default-thread``, ``otlp-all-thread`` (not run unless named in ``--variants``): the
   same with ``sidecar="off"``, the worker on a thread of the training process.
 
@@ -70,6 +74,7 @@ VARIANTS = (
     "otlp",
     "otlp-all",
     "app",
+    "profile",
     "default-thread",
     "otlp-all-thread",
 )
@@ -84,6 +89,8 @@ def _env(variant: str, endpoint: str, extra: list[str]) -> dict[str, str]:
         env["OTEL_SERVICE_NAME"] = f"tail-{variant}"
     if variant.startswith("otlp-all"):
         env["OTEL_TRAIN_TRACE_STEPS"] = "all"
+    if variant == "profile":  # (the window lies past every measured step)
+        env["OTEL_TRAIN_PROFILE_STEPS"] = "1000000-1000001"
     if variant.endswith("-thread"):
         env["OTEL_TRAIN_SIDECAR"] = "off"  # the worker on a thread of this process
     for item in extra:

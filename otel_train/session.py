@@ -120,12 +120,11 @@ class Session:
 
     def _build_exports(self) -> None:
         settings, (tracer_provider, meter_provider) = self.settings, self.given_providers
-        debug = self.recorder.debug
         source = StepSource(self.recorder)
         own = builds_own(tracer_provider, meter_provider)
         self.record = record_plan(settings, service_name(settings)) if own else None
         relay = None if own else relayed_providers(tracer_provider, meter_provider)
-        if settings.sidecar == "auto" and debug is None and (own or relay is not None):
+        if settings.sidecar == "auto" and (own or relay is not None):
             try:
                 self._start_sidecar(settings, source, relay)
             except SidecarUnavailable as err:
@@ -150,7 +149,6 @@ class Session:
                 __version__,
                 rank(),
                 now_offset_ns(),
-                debug,
                 hangs=LocalHangs(self.recorder, self.regions, self.hang_dir, hang_label()),
             )
             self.aggregator = consumer.aggregator

@@ -47,7 +47,6 @@ def build_consumer(
     version: str,
     rank: int,
     offset_ns: int,
-    debug: Any = None,
     hangs: Any = None,
 ) -> Consumer:
     """``source``: where batches come from (recording/source.py's interface); ``hangs``:
@@ -74,7 +73,6 @@ def build_consumer(
             tracer,
             rank,
             offset_ns,
-            debug.step_events if debug is not None else None,
             ids=id_choice(tracer),
         )
     sampler = StepSampler(
@@ -82,7 +80,6 @@ def build_consumer(
         settings.trace_window,
         settings.trace_window_seconds,
         settings.trace_slowest,
-        always=debug.wants_trace if debug is not None else None,
     )
     console = _console(settings, efficiency, rank, t.record.directory if t.record else None)
     worker = Worker(

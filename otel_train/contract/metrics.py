@@ -43,7 +43,8 @@ METRIC_ATTRIBUTES = {
     "that no step had taken by shutdown), "
     "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
     "training process could not hand to its sidecar process: pipe and buffer full, or the "
-    "sidecar gone), export (spans whose "
+    "sidecar gone; or steps the sidecar received and could not keep: its backlog full), "
+    "export (spans whose "
     "OTLP export failed), span_queue (spans dropped because the export queue was full), "
     "metric_export (metric data points whose OTLP export failed) or run_record (spans and "
     "metric points the run record could not write: a full disk, its span queue full).",

@@ -113,7 +113,8 @@ class StepBlock:
     ``device_seconds`` (None for a host-only block), ``errors`` (offsets of steps that
     raised), ``linked`` (offsets of steps in a sampled trace across processes, links.py,
     or linking to a sampled rollout, tokens.py), ``consumed`` (offsets of steps that
-    consumed rollouts; a recognised step is in neither). Per phase row of the shape:
+    consumed rollouts; a recognised step is in neither), ``debug`` (offsets of steps
+    whose spans carry a debugging component's event). Per phase row of the shape:
     ``phase_seconds[r]`` (device seconds where measured) and ``memory[r]`` (None when no
     row has memory figures).
     """
@@ -124,6 +125,7 @@ class StepBlock:
         "_steps",
         "_times",
         "consumed",
+        "debug",
         "device_seconds",
         "durations",
         "efficiency",
@@ -166,6 +168,7 @@ class StepBlock:
         self.errors: list[int] = []
         self.linked: list[int] = []  # steps traced for their trace across processes
         self.consumed: list[int] = []  # steps that consumed rollouts (tokens.py)
+        self.debug: list[int] = []  # steps with a debugging event (profiler, snapshot)
         self.device_seconds: list[float | None] | None = None
 
     # -- resolved steps ------------------------------------------------------------------
@@ -189,6 +192,7 @@ class StepBlock:
         block.errors = [i for i, s in enumerate(steps) if s.error]
         block.linked = [i for i, s in enumerate(steps) if _linked(s)]
         block.consumed = [i for i, s in enumerate(steps) if s.consumed]
+        block.debug = [i for i, s in enumerate(steps) if s.events]
         if any(s.device_seconds is not None for s in steps):
             block.device_seconds = [s.device_seconds for s in steps]
         block.scalars = [s.scalars for s in steps] if any(s.scalars for s in steps) else None

@@ -67,17 +67,6 @@ class DebugHooks:
             self._fail()
         return out
 
-    def wants_trace(self, index: int) -> bool:
-        """Steps whose spans carry a debugging event are traced even when not sampled."""
-        try:
-            profiler, snapshot = self.profiler, self.snapshot
-            return (profiler is not None and profiler.covers(index)) or (
-                snapshot is not None and snapshot.steps is not None and index == snapshot.steps[1]
-            )
-        except Exception:
-            self._fail()
-            return False
-
     def close(self) -> None:
         try:
             if self.profiler is not None:

@@ -276,6 +276,7 @@ class StepMachine:
             self._home(orphans.popleft(), step)
         if self._debug is not None:
             self._debug.step_ended(step.index)
+            step.events = self._debug.step_events(step.index) or None
         self._queue(step)
 
     def _queue(self, step: OpenStep) -> None:

@@ -111,6 +111,7 @@ class OpenStep:
         "error",
         "ev0",
         "ev1",
+        "events",
         "index",
         "link",
         "mode",
@@ -146,6 +147,9 @@ class OpenStep:
         self.device = device
         self.link: StepLink | None = None  # its place in a trace across processes
         self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
+        # Its span's events from the debugging components (profiler trace, memory
+        # snapshot), taken as it ends: they travel with the step wherever its span is built
+        self.events: list[tuple[str, dict[str, Any]]] | None = None
 
 
 def describe_exception(exc_type: type[BaseException], exc: BaseException | None) -> tuple[Any, ...]:

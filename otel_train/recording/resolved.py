@@ -64,6 +64,7 @@ class ResolvedStep:
         "efficiency",
         "end",
         "error",
+        "events",
         "host_end",
         "host_seconds",
         "host_start",
@@ -101,6 +102,8 @@ class ResolvedStep:
         self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
         self.link: StepLink | None = None  # when the step's trace crosses processes
         self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
+        # Span events from the debugging components (records.OpenStep.events)
+        self.events: list[tuple[str, dict[str, Any]]] | None = None
 
     @property
     def phases(self) -> list[ResolvedPhase]:

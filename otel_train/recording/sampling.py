@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable
 from typing import Any
 
 from .batch import StepBlock
@@ -39,10 +38,7 @@ class StepSampler:
         window: int,
         window_seconds: float,
         slowest: int,
-        always: Callable[[int], bool] | None = None,
     ) -> None:
-        """``always``: steps traced whatever their time (a profiled step, the end of a
-        memory-snapshot window), by index."""
         self.mode = mode
         self._window = window
         self._window_ns = int(window_seconds * 1e9)
@@ -53,7 +49,6 @@ class StepSampler:
         # Indices from which the first step is traced (each instrumentation's), in order
         self._first_from: list[int] = [0]
         self._shapes: set[Any] = set()
-        self._always = always
 
     def trace_first_from(self, index: int) -> None:
         """Trace the first step whose index is ``index`` or later (a new
@@ -109,11 +104,8 @@ class StepSampler:
         if key not in self._shapes and len(self._shapes) < MAX_NEW_SHAPES:
             self._shapes.add(key)
             special.setdefault(0, "shape")
-        always = self._always
-        if always is not None:
-            for x in range(block.k):
-                if x not in special and always(block.first + x):
-                    special[x] = "debug"
+        for x in block.debug:  # (a profiled step, the end of a memory-snapshot window)
+            special.setdefault(x, "debug")
         return special
 
     def _keep_slowest(self, block: StepBlock, i: int, j: int, special: dict[int, str]) -> None:

@@ -130,7 +130,7 @@ class StepSource:
     def _resolve(self, step: OpenStep) -> ResolvedStep:
         rs = ResolvedStep(step.index, step.t0, step.t1)
         rs.samples, rs.tokens, rs.padded = step.samples, step.tokens, step.padded
-        rs.link, rs.consumed = step.link, step.consumed
+        rs.link, rs.consumed, rs.events = step.link, step.consumed, step.events
         phases = step.phases
         phases.sort(key=_BY_SEQ)
         events = self.recorder.events

@@ -10,7 +10,6 @@ error); host-only phases and CPU runs carry host timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
@@ -50,19 +49,16 @@ class SpanEmitter:
         tracer: trace.Tracer,
         rank: int,
         offset_ns: int,
-        step_events: Callable[[int], list[tuple[str, dict[str, Any]]]] | None = None,
         ids: IdChoice | None = None,
     ) -> None:
-        """``step_events``: a step's span events by index (the debug tools'); ``ids``:
-        how a step span gets the ids a carrier named (links.py), if the tracer can."""
+        """``ids``: how a step span gets the ids a carrier named (links.py), if the
+        tracer can."""
         self._tracer = tracer
         self.ids = ids
         self._rank = rank
         self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns
         self.emitted = 0
         self.device_total: int | None = None  # bytes, set once CUDA memory tracking starts
-        # step index -> extra events for its span (profiler trace, memory snapshot paths)
-        self.step_events = step_events
 
     def emit(self, step: ResolvedStep) -> tuple[int, int] | None:
         """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""
@@ -94,8 +90,8 @@ class SpanEmitter:
             attrs[c.STEP_COLLECTIVE_WAIT.key] = wait
         root = self._root(step, attrs, start)
         spans = self._phase_tree(step.phases, root, step.index)
-        if self.step_events is not None:
-            for name, attributes in self.step_events(step.index):
+        if step.events:  # (profiler trace, memory snapshot paths: records.OpenStep.events)
+            for name, attributes in step.events:
                 root.add_event(name, attributes, timestamp=start)
         if step.error:
             root.set_status(Status(StatusCode.ERROR, "a phase raised"))

@@ -210,8 +210,8 @@ class Settings:
             "parse": v.choice("auto", "off"),
             "doc": "Where metrics, tables, spans and exports are computed: auto (a sidecar "
             "process beside each training process when otel-train configures the SDK, so "
-            "the training thread never waits for them; a thread when you pass providers "
-            "or turn on profile_steps / memory_snapshot), off (always a thread).",
+            "the training thread never waits for them, also serving SDK providers you pass; "
+            "a thread for providers that are not the SDK's), off (always a thread).",
         },
     )
     flush_on_sigterm: bool = field(

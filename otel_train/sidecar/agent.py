@@ -43,6 +43,11 @@ _log = logging.getLogger("otel_train")
 _REPLICA = Counters()  # marks the replica's batches: the counters are the trainer's
 NICE = 10  # the sidecar's niceness: CFS gives a nice-0 trainer ~90% of a shared core
 REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
+# Finished steps received and not yet taken by the worker: past this many the oldest
+# batches are dropped and counted (dropped{reason="sidecar"}), as the training process's
+# feeder drops what its pipe cannot take. About 3 s of a 5k steps/s loop; a worker that
+# keeps up holds one tick's worth (~0.1 s).
+MAX_HELD_STEPS = 16384
 
 
 class RemoteSource:
@@ -51,6 +56,8 @@ class RemoteSource:
 
     def __init__(self, settings: Any, out: Any) -> None:
         self._batches: collections.deque[Batch] = collections.deque()
+        self._held = 0  # finished steps in _batches
+        self.dropped = 0  # steps dropped for the bound (MAX_HELD_STEPS)
         self.counters = Counters()
         self.disabled = False
         self._out = out
@@ -65,7 +72,19 @@ class RemoteSource:
     def push(self, batch: Batch) -> None:
         with self._lock:
             if not self.disabled:
-                self._batches.append(batch)
+                self._hold(batch)
+
+    def _hold(self, batch: Batch) -> None:
+        """Keep a batch for the worker, dropping the oldest past MAX_HELD_STEPS (lock
+        held): a worker that falls behind (this process yields its core to training)
+        must not hold an unbounded backlog."""
+        batches = self._batches
+        batches.append(batch)
+        self._held += _steps_in(batch)
+        while self._held > MAX_HELD_STEPS and len(batches) > 1:
+            n = _steps_in(batches.popleft())
+            self._held -= n
+            self.dropped += n
 
     def push_raw(self, session: int, entries: list[Any]) -> None:
         with self._lock:
@@ -79,7 +98,7 @@ class RemoteSource:
             now = time.monotonic()
             if now - self._drained >= REPORT_S:
                 self._drained = now
-                self._batches.append(self._replica_take(keep_partial=True))
+                self._hold(self._replica_take(keep_partial=True))
                 self._report_idle()
 
     def _replica_take(self, keep_partial: bool) -> Batch:
@@ -100,7 +119,7 @@ class RemoteSource:
         with self._lock:
             if session != self.session:
                 return
-            self._batches.append(self._replica_take(keep_partial=False))
+            self._hold(self._replica_take(keep_partial=False))
             rep = self.replica
             rep._current = None
             rep._scoped.clear()
@@ -113,9 +132,10 @@ class RemoteSource:
         out = Batch(counters=self.counters)
         with self._lock:
             if self.session is not None and self.replica._log:
-                self._batches.append(self._replica_take(keep_partial=True))
+                self._hold(self._replica_take(keep_partial=True))
                 self._report_idle()
             batches, self._batches = self._batches, collections.deque()
+            self._held = 0
         extra = self.replica
         for batch in batches:
             for part in batch.parts:
@@ -126,7 +146,9 @@ class RemoteSource:
                 self.counters = batch.counters
         c = self.counters
         out.counters = dataclasses.replace(
-            c, dropped_phases=c.dropped_phases + extra.dropped_phases
+            c,
+            dropped_phases=c.dropped_phases + extra.dropped_phases,
+            dropped_handover=c.dropped_handover + self.dropped,
         )
         return out
 
@@ -146,7 +168,7 @@ class RemoteSource:
         """The end: apply what the replica still holds, a partial last step included."""
         with self._lock:
             if self.session is not None:
-                self._batches.append(self._replica_take(keep_partial=False))
+                self._hold(self._replica_take(keep_partial=False))
 
     def has_work(self) -> bool:
         # (a partial step kept in the replica's log is not work until finish())
@@ -159,6 +181,12 @@ class RemoteSource:
         with self._lock:
             self.disabled = True
             self._batches.clear()
+            self._held = 0
+
+
+def _steps_in(batch: Batch) -> int:
+    """Finished steps in a batch's parts (blocks, lists of steps)."""
+    return sum(part.k if isinstance(part, StepBlock) else len(part) for part in batch.parts)
 
 
 class RemoteProbe:
@@ -362,6 +390,18 @@ class Agent:
             time.sleep(0.005)
 
 
+def lower_priority() -> None:
+    """Training comes first when both want a core. The sidecar runs in a session of its
+    own (Ctrl-C is the trainer's), and where the kernel groups tasks by session
+    (``sched_autogroup``, on by default in most distributions) CFS shares a core between
+    the groups as equals whatever a task's own niceness: the group's niceness has to be
+    raised too (``/proc/self/autogroup``), or the sidecar takes half of a shared core."""
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(NICE))
+
+
 def _protocol_out() -> Any:
     """The pipe to the training process, on a descriptor of its own: fd 1 (what print()
     and console="stdout" write to) becomes the training process's stdout, else stderr."""
@@ -380,8 +420,7 @@ def main() -> None:
     # Signals to the training job are the trainer's: it tells us when to end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with contextlib.suppress(OSError):  # training comes first when both want a core
-        os.nice(NICE)
+    lower_priority()
     logging.basicConfig(format="%(message)s")
     write_lock = threading.Lock()
     stdout = _protocol_out()

@@ -102,7 +102,7 @@ def _step(s: ResolvedStep) -> tuple[Any, ...]:
     link = tuple(s.link) if s.link is not None else None
     consumed = [tuple(x) for x in s.consumed] if s.consumed else None
     return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.padded, s.rows,
-            s.scalars, s.error, s.dev_start, s.dev_end, link, consumed)  # fmt: skip
+            s.scalars, s.error, s.dev_start, s.dev_end, link, consumed, s.events)  # fmt: skip
 
 
 def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
@@ -115,14 +115,13 @@ def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template])
             continue
         steps = []
         for fields in item[1]:
-            index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link, used = (
-                fields
-            )
+            (index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link, used,
+             events) = fields  # fmt: skip
             rs = ResolvedStep(index, h0, h1)
             rs.samples, rs.tokens, rs.padded = samples, tokens, padded
             rs.link = StepLink(*link) if link is not None else None
             rs.consumed = [Consumed(*x) for x in used] if used else None
-            rs.rows, rs.scalars, rs.error = rows, scalars, error
+            rs.rows, rs.scalars, rs.error, rs.events = rows, scalars, error, events
             if d0 is not None:
                 rs.dev_start, rs.dev_end = d0, d1
                 rs.finish()

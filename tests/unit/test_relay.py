@@ -137,3 +137,26 @@ def test_training_goes_on_when_the_sidecar_dies() -> None:
     for _ in range(3):
         train_epoch(model, opt, loader)
     otel_train.shutdown()  # (no exception, training went on)
+
+
+def test_a_profiled_run_keeps_the_sidecar_and_its_steps_link_the_trace(tmp_path: Any) -> None:
+    """profile_steps no longer puts the consumer side on a thread here: the profiler
+    runs on the training thread and its event travels with the step to the sidecar."""
+    app = AppProviders()
+    otel_train.configure(console="off", profile_steps="2-3", debug_dir=str(tmp_path),
+                         **app.given())  # fmt: skip
+    session = otel_train.session.current()
+    for _ in range(6):
+        with otel_train.step(samples=4), otel_train.phase("work"):
+            time.sleep(0.001)
+    assert otel_train.flush(timeout=15)
+    assert session.feeder is not None and session.worker is None
+    steps = {s.attributes[c.STEP_INDEX.key]: s for s in app.spans.get_finished_spans()
+             if s.name == c.STEP_SPAN.name}  # fmt: skip
+    otel_train.shutdown()
+    (trace_file,) = tmp_path.iterdir()
+    for index in (2, 3):  # traced for the profiler although the sampler would skip them
+        (event,) = [e for e in steps[index].events if e.name == c.PROFILE_EVENT]
+        assert event.attributes[c.PROFILE_EVENT_ATTRIBUTES[0].key] == str(trace_file)
+        assert steps[index].attributes[c.STEP_SAMPLED_BECAUSE.key] in ("debug", "first")
+    assert not [e for i, s in steps.items() if i not in (2, 3) for e in s.events]

@@ -276,3 +276,27 @@ def test_console_stdout_reaches_the_training_process_stdout(tmp_path: Any) -> No
     assert done.stdout.count("otel-train steps ") >= 2 or "steps 0-3" in done.stdout
     assert "broken stream" not in done.stderr and "sidecar" not in done.stderr.lower()
     assert done.stdout.rstrip().endswith("trained")
+
+
+def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sidecar yields its core to training: a worker that falls behind must not hold
+    whatever the pipe brings. Past the bound the oldest steps go, counted as the
+    feeder's are (dropped{reason="sidecar"})."""
+    from otel_train.recording.resolved import ResolvedStep
+    from otel_train.recording.source import Batch, Counters
+    from otel_train.settings import Settings
+    from otel_train.sidecar import agent
+
+    monkeypatch.setattr(agent, "MAX_HELD_STEPS", 100)
+    source = agent.RemoteSource(Settings(), lambda message: None)
+    index = 0
+    for _ in range(50):  # 50 batches of 10 steps arrive before the worker takes any
+        steps = [ResolvedStep(index + i, 0, 1) for i in range(10)]
+        index += 10
+        source.push(Batch(parts=[steps], counters=Counters(dropped_handover=3)))
+    batch = source.take()
+    kept = [part.step(i).index for part in batch.parts for i in range(part.k)]
+    assert kept == list(range(400, 500))  # the newest 100
+    assert batch.counters.dropped_handover == 3 + 400  # the feeder's and the backlog's
