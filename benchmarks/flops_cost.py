@@ -28,7 +28,7 @@ def best_of(n: int, model: Any, opt: Any, vocab: int, batch: int, t: int, device
             dtype: Any) -> None:  # fmt: skip
     """Best-of-n wall time of a plain step and of a step under the FLOP counter (no
     otel-train session: the two differ only by the counting)."""
-    from otel_train.recording.flops import count_flops
+    from otel_train.processing.flops import count_flops
 
     ids = torch.randint(0, vocab, (batch, t), device=device)
 

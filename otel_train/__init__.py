@@ -23,16 +23,20 @@ annotation-only imports counted too::
     api (the public functions) ─► session, adapters, recording
     cli ─► otel_train, runs      testing ─► session, export
     instrumentor ─► otel_train, session, adapters   (opentelemetry-instrument's entry point)
-    runs ─► export               (reads run records: replay, report, timeline)
-    session ─► sidecar, wiring, export, recording, debug, signals, session_end
+    runs ─► export, processing   (reads run records: replay, report, timeline)
+    session ─► sidecar, wiring, export, processing, recording, debug, signals, session_end
     session_end ─► nothing      (a session's flush and end, handed the session)
-    sidecar ─► wiring, export, recording (started by session alone)
-    wiring ─► export, recording  (the consumer side: in a thread or in the sidecar)
+    sidecar ─► wiring, export, processing, recording (started by session alone)
+    wiring ─► export, processing (the consumer side built: in a thread or in the sidecar)
     adapters ─► recording        (base, backward, batches, collectives, ddp: never each other)
     (session and adapters never import each other: each names what it uses of the other
     in a Protocol of its own, session.Instrumented and adapters/base.py's SessionView)
-    export ─► recording          (the SDK side, reading the core's aggregates)
-    recording ─► debug           (the core: no adapters, export or sidecar)
+    export ─► processing         (the SDK side, reading the consumer side's aggregates)
+    processing ─► recording      (the core's consumer side: the source takes finished steps
+                                 and recognised runs off the recorder and resolves them;
+                                 blocks, metrics, sampling, tables, spans, the hang watch)
+    recording ─► debug           (the core's training-thread side: hooks, the log, the
+                                 state machine, CUDA events; imports no consumer type)
     debug ─► identity only       (loads without the rest of otel-train)
     signals ─► the foundation; contract, settings ─► each other, identity ─► nothing
 """

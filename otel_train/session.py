@@ -30,14 +30,14 @@ from .export.setup import (
     exports_traces,
     relayed_providers,
 )
+from .processing.efficiency import EfficiencyTracker
+from .processing.hang_details import LocalHangs, hang_label
+from .processing.source import StepSource
+from .processing.worker import Worker
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
-from .recording.efficiency import EfficiencyTracker
-from .recording.hang_details import LocalHangs, hang_label
 from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
-from .recording.source import StepSource
-from .recording.worker import Worker
 from .settings import ConfigError, Settings
 from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush

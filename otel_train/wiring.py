@@ -19,14 +19,14 @@ from .export.ids import id_choice
 from .export.logs import logger_for
 from .export.setup import Telemetry
 from .identity import world_size
-from .recording.aggregate import MetricsAggregator
-from .recording.console import ConsoleReporter
-from .recording.efficiency import EfficiencyTracker
-from .recording.hangs import HangWatch
-from .recording.instruments import Publisher
-from .recording.sampling import StepSampler
-from .recording.spans import SpanEmitter
-from .recording.worker import Worker
+from .processing.aggregate import MetricsAggregator
+from .processing.console import ConsoleReporter
+from .processing.efficiency import EfficiencyTracker
+from .processing.hangs import HangWatch
+from .processing.instruments import Publisher
+from .processing.sampling import StepSampler
+from .processing.spans import SpanEmitter
+from .processing.worker import Worker
 from .settings import Settings
 
 _PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
@@ -49,7 +49,7 @@ def build_consumer(
     offset_ns: int,
     hangs: Any = None,
 ) -> Consumer:
-    """``source``: where batches come from (recording/source.py's interface); ``hangs``:
+    """``source``: where batches come from (processing/source.py's interface); ``hangs``:
     the hang watch's view of the training process (hang_details.LocalHangs, or the
     sidecar's), None for no watch."""
     t = telemetry

@@ -11,7 +11,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 600.0,
 )  # fmt: skip
-# Over OTLP the same histograms are base-2 exponential ones (recording/exponential.py): at
+# Over OTLP the same histograms are base-2 exponential ones (processing/exponential.py): at
 # most this scale (buckets grow by 2 ** 2 ** -3 = 1.09x, Prometheus client libraries'
 # default factor of 1.1) and this many buckets (the SDK's default max_size).
 DURATION_MAX_SCALE = 3

@@ -1,6 +1,6 @@
 """The histogram bridge: aggregated duration histograms into SDK metric readers.
 
-The recording core aggregates durations itself (see ``recording/aggregate.py``).
+The recording core aggregates durations itself (see ``processing/aggregate.py``).
 Readers that otel-train builds are these subclasses: each collection merges the
 aggregator's histograms, with exemplars pointing at sampled step traces, into the
 ``otel_train`` scope of the collected data, in the temporality and the form the reader
@@ -37,7 +37,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import contract as c
-from ..recording.aggregate import HistogramState, MetricsAggregator
+from ..processing.aggregate import HistogramState, MetricsAggregator
 
 _SPECS = {m.name: m for m in c.METRICS if m.instrument == "histogram"}
 
@@ -249,7 +249,7 @@ def mirror_into(meter_provider: Any, mirror: MetricsAggregator, version: str) ->
     observable instruments for counters and gauges, the histogram bridge on its readers
     for histograms (the relay's: sidecar/relay.py). Returns the publisher (None without a
     meter provider)."""
-    from ..recording.instruments import Publisher
+    from ..processing.instruments import Publisher
 
     if meter_provider is None:
         return None

@@ -237,7 +237,7 @@ def _span_exporter(settings: Settings) -> SpanExporter:
 def otlp_histogram_aggregation() -> dict[type, Any]:
     """The OTLP reader's histogram aggregation: base-2 exponential buckets (Prometheus
     stores them as native histograms, one series each), at the scale the aggregator keeps
-    (``recording/exponential.py``). Only when the standard
+    (``processing/exponential.py``). Only when the standard
     ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` is set does the SDK's
     reading of it decide instead (``explicit_bucket_histogram``: classic buckets)."""
     if os.environ.get(HISTOGRAM_AGGREGATION_ENV):

@@ -22,14 +22,26 @@ replay, and the recognition starts again at the next idle point.
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any
-
-from .batch import Shape
+from typing import Any, NamedTuple
 
 MAX_TEMPLATE = 64  # entries a step may log to be recognised
 MAX_TEMPLATES = 8  # shapes kept per first boundary
 KIND = itemgetter(2)
 STACK = itemgetter(0)
+
+
+class Run(NamedTuple):
+    """``k`` consecutive steps of one shape as the log held them: the ``k * m`` entries
+    from the step of index ``first`` on (the consumer side makes its block of them)."""
+
+    template: Template
+    entries: list[tuple[Any, ...]]
+    first: int
+
+    @property
+    def k(self) -> int:
+        """The steps in the run."""
+        return len(self.entries) // self.template.m
 
 
 class Template:
@@ -59,7 +71,9 @@ class Template:
         # User scalars recorded inside the step, and after it (``record()`` after the
         # optimizer step: they belong to no step)
         self.scalars, self.loose = scalars, loose
-        self.shape = Shape([r[:3] for r in rows])
+        # The consumer side's view of its phases (processing/batch.py's Shape), made
+        # there at its first block: nothing of that side is imported here.
+        self.shape: Any = None
 
     def match(self, kinds: list[Any], stacks: list[Any], i: int, stack: list[Any]) -> int:
         """How many whole steps of this shape the log holds from entry ``i`` (0 if none):

@@ -17,8 +17,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
-from .batch import StepBlock
-from .blocks import KIND, STACK, Template
+from .blocks import KIND, STACK, Run, Template
 from .phases import PhaseMachine
 from .records import (
     COUNTS,
@@ -321,16 +320,16 @@ class DeferredLog(PhaseMachine):
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 
-    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], StepBlock]]:
-        """Apply the log, taking runs of recognised steps as blocks (recording/blocks.py).
+    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], Run]]:
+        """Apply the log, taking runs of recognised steps whole (recording/blocks.py).
 
-        Returns ``(steps finished before the block, block)`` pairs in order; steps
+        Returns ``(steps finished before the run, run)`` pairs in order; steps
         finished after the last block stay in ``pending``. Normally the worker's call.
         ``keep_partial``: a log that ends inside a step of a known shape keeps that
         step's entries for the next call (the sidecar's feeder drains every few steps:
         replaying the partial step, or learning from it, would cost more than the rest).
         """
-        out: list[tuple[list[OpenStep], StepBlock]] = []
+        out: list[tuple[list[OpenStep], Run]] = []
         if not self._log or not self._defer or not self.blocks:
             return out
         with self._lock:
@@ -381,14 +380,13 @@ class DeferredLog(PhaseMachine):
         k: int,
         tpl: Template,
         stack: list[Any],
-        out: list[tuple[list[OpenStep], StepBlock]],
+        out: list[tuple[list[OpenStep], Run]],
     ) -> int:
-        """Take ``k`` steps of shape ``tpl`` from entry ``i`` as one block, as if they had
+        """Take ``k`` steps of shape ``tpl`` from entry ``i`` as one run, as if they had
         been replayed: the step indices and the step stack move on. Returns the entries
         taken."""
         run = entries[i : i + k * tpl.m]
-        block = StepBlock(tpl, run, self._next_index)
-        out.append((list(self._pending), block))
+        out.append((list(self._pending), Run(tpl, run, self._next_index)))
         for p in tpl.loose:  # scalars recorded between steps
             for e in run[p :: tpl.m]:
                 self.loose_scalars.extend(e[3])

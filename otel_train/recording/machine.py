@@ -33,8 +33,16 @@ from .records import (
     OpenStep,
     new_stack,
 )
-from .resolved import HOST_PHASES
-from .scopes import ADAPTER, CYCLE, EXPLICIT, INT64_MAX, MAX_ORPHANS, MAX_STACK, REMOTE
+from .scopes import (
+    ADAPTER,
+    CYCLE,
+    EXPLICIT,
+    HOST_PHASES,
+    INT64_MAX,
+    MAX_ORPHANS,
+    MAX_STACK,
+    REMOTE,
+)
 from .tokens import MAX_PRODUCED
 from .values import add_count
 
@@ -98,7 +106,7 @@ class StepMachine:
         self.device: int | None = None
         self._want_cuda = not replica and _times_the_device(settings)
         self._debug = debug  # profiler window / memory snapshot, usually off
-        # FLOP counting (recording/flops.py): set only while a step is to be counted.
+        # FLOP counting (processing/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
         self._tls = threading.local()
         self._current: OpenStep | None = None

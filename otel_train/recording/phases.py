@@ -23,8 +23,7 @@ from .records import (
     OpenStep,
     describe_exception,
 )
-from .resolved import HOST_PHASES
-from .scopes import ADAPTER, BACKGROUND, CYCLE, MAX_STACK, REMOTE
+from .scopes import ADAPTER, BACKGROUND, CYCLE, HOST_PHASES, MAX_STACK, REMOTE
 
 
 class PhaseMachine(StepMachine):

@@ -50,8 +50,6 @@ from .records import (
     PhaseStack,
     describe_exception,
     new_stack,
-    replica_stacks,
-    stack_of,
 )
 from .scopes import (
     ADAPTER,
@@ -96,8 +94,6 @@ __all__ = [
     "StepScope",
     "boundary",
     "describe_exception",
-    "replica_stacks",
-    "stack_of",
 ]
 
 

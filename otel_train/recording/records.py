@@ -61,19 +61,12 @@ class PhaseStack(list):  # type: ignore[type-arg]
     __ne__ = object.__ne__
     __hash__ = object.__hash__  # type: ignore[assignment]
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Shipped to the sidecar as a token: its replica keeps one stack per token.
-        return (stack_of, (id(self), False))
-
 
 class MainPhaseStack(PhaseStack):
     """The main thread's stack: before any step has opened, only its bare phases open
     steps (another thread's are background phases, see PhaseMachine._enter_at)."""
 
     __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (stack_of, (id(self), True))
 
 
 def new_stack() -> PhaseStack:
@@ -83,22 +76,6 @@ def new_stack() -> PhaseStack:
     )
     stack.thread = threading.get_ident()
     return stack
-
-
-_REPLICA_STACKS: dict[int, PhaseStack] = {}
-
-
-def stack_of(token: int, main: bool = False) -> PhaseStack:
-    """The sidecar replica's stack for a training-process stack's token."""
-    stack = _REPLICA_STACKS.get(token)
-    if stack is None:
-        stack = _REPLICA_STACKS[token] = MainPhaseStack() if main else PhaseStack()
-        stack.thread = 0  # (another process's thread)
-    return stack
-
-
-def replica_stacks() -> dict[int, PhaseStack]:
-    return _REPLICA_STACKS
 
 
 class OpenStep:

@@ -22,6 +22,8 @@ ADAPTER = 2  # opened and closed by a trainer adapter (data fetch ... optimizer 
 BACKGROUND = 3
 REMOTE = 4
 
+# Phases that run on the host by nature: timed with the host clock, no CUDA events.
+HOST_PHASES = frozenset({"data"})
 MAX_NAME = 128
 MAX_MESSAGE = 1024
 MAX_STACK = 8192

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import contract as c
+from ..processing.console import fmt_bytes, fmt_seconds
 from ..recording.collectives import label, phase_name
-from ..recording.console import fmt_bytes, fmt_seconds
 from . import figures as f
 from .histogram import Histogram
 from .record_data import RankRecord

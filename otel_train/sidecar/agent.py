@@ -25,19 +25,19 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import Telemetry, build_own
-from ..recording.batch import Shape, StepBlock
+from ..processing.batch import Shape, StepBlock
+from ..processing.efficiency import EfficiencyTracker
+from ..processing.hangs import Progress
+from ..processing.instruments import rss_bytes
+from ..processing.source import Batch, Counters, StepSource, finished
 from ..recording.blocks import Template
-from ..recording.efficiency import EfficiencyTracker
-from ..recording.hangs import Progress
-from ..recording.instruments import rss_bytes
 from ..recording.recorder import Recorder
-from ..recording.records import replica_stacks, stack_of
 from ..recording.regions import RegionLog
-from ..recording.source import Batch, Counters, StepSource, finished
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
 from .relay import METRICS_S, RelayEmitter, RelayLoggerProvider, RelayOut, send_metrics
+from .wire import replica_stacks, stack_of
 
 _log = logging.getLogger("otel_train")
 _REPLICA = Counters()  # marks the replica's batches: the counters are the trainer's
@@ -207,7 +207,7 @@ class RemoteProbe:
 
 
 class RemoteHangs:
-    """The hang watch's view of the training process from here (recording/hangs.py): its
+    """The hang watch's view of the training process from here (processing/hangs.py): its
     progress as the feeder's thread last told it, or as the steps and log entries that
     arrived since show (a process frozen between two words of its feeder, SIGSTOP for
     one, still has its latest boundary known here), and details asked for over the pipe."""

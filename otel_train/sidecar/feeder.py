@@ -3,7 +3,7 @@
 The recorder calls :meth:`Feeder.pump` on the training thread when its log passes a
 few dozen entries (about every four steps of a plain loop) or a finished step waits
 (CUDA). Most pumps of a plain loop take the log's entries as they are (raw.py: one
-C-level copy and a pickle); otherwise a pump takes what finished (recording/source.py:
+C-level copy and a pickle); otherwise a pump takes what finished (processing/source.py:
 boundaries applied, CUDA events resolved when they completed) and encodes it (wire.py).
 Frames go to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER``
 bytes waiting, batches are dropped and counted. A small thread pumps when the training
@@ -20,14 +20,14 @@ import time
 from typing import Any
 
 from ..identity import rank
-from ..recording.batch import StepBlock
+from ..processing.batch import StepBlock
+from ..processing.efficiency import EfficiencyTracker
+from ..processing.hang_details import LocalHangs, hang_label
+from ..processing.source import Batch, Counters, StepSource
 from ..recording.blocks import Template
-from ..recording.efficiency import EfficiencyTracker
-from ..recording.hang_details import LocalHangs, hang_label
 from ..recording.records import L_KIND
 from ..recording.regions import RegionLog
 from ..recording.scopes import B_BEGIN
-from ..recording.source import Batch, Counters, StepSource
 from ..settings import ConfigError, Settings
 from . import wire
 from .handback import ConsoleHandback

@@ -46,10 +46,10 @@ from .. import contract as c
 from ..export.bridge import mirror_into
 from ..export.ids import id_choice
 from ..export.logs import logger_for
-from ..recording.aggregate import MetricsAggregator
-from ..recording.hangs import event_record
+from ..processing.aggregate import MetricsAggregator
+from ..processing.hangs import event_record
+from ..processing.spans import SpanEmitter
 from ..recording.links import StepLink, new_ids
-from ..recording.spans import SpanEmitter
 from . import wire
 
 _log = logging.getLogger("otel_train")
@@ -102,7 +102,7 @@ class RelayOut:
 
 
 class RelayEmitter:
-    """The worker's span emitter in the sidecar (recording/spans.py's interface): a step
+    """The worker's span emitter in the sidecar (processing/spans.py's interface): a step
     chosen for a trace is sent back whole, its span ids chosen here."""
 
     def __init__(self, out: RelayOut, offset_ns: int) -> None:

@@ -13,7 +13,7 @@ Training process -> sidecar (its stdin), one frame each:
   earlier batch is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
 - ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``;
-- ``(PROGRESS, progress)``: the training thread's latest boundary (recording/hangs.py's
+- ``(PROGRESS, progress)``: the training thread's latest boundary (processing/hangs.py's
   Progress), about every second from the feeder's thread;
 - ``(HANG_DETAILS, details)``: the details a ``HANG_PROBE`` asked for (hang_details.py);
 - ``(CONSOLE_TO, forward)``: print the console tables and the run summary here (False),
@@ -27,20 +27,24 @@ new batch shape), ``(FLUSHED, seq)``, ``(IDLE, session, position, next_index,
 step_stack_token)`` (raw.py), ``(CONSOLE, text)`` (a table or the summary, to print),
 ``(HANG_PROBE, age, limit)`` (a hang record is due: send its details).
 
-A frame is a 4-byte little-endian length and the pickled message.
+A frame is a 4-byte little-endian length and the pickled message. A thread's phase stack
+in a log entry crosses as a token (``copyreg``, below): the sidecar's replica keeps one
+stack per token, so entries of one thread name one stack there too.
 """
 
 from __future__ import annotations
 
+import copyreg
 import pickle
 import struct
 from typing import Any
 
-from ..recording.batch import StepBlock
+from ..processing.batch import StepBlock
+from ..processing.resolved import ResolvedStep
+from ..processing.source import Batch, Counters, Part
 from ..recording.blocks import Template
 from ..recording.links import StepLink
-from ..recording.resolved import ResolvedStep
-from ..recording.source import Batch, Counters, Part
+from ..recording.records import MainPhaseStack, PhaseStack
 from ..recording.tokens import Consumed
 
 HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
@@ -49,7 +53,29 @@ FIRST = 13
 CONSOLE_TO, CONSOLE = 14, 15
 PROGRESS, HANG_PROBE, HANG_DETAILS = range(16, 19)
 _LEN = struct.Struct("<I")
+_REPLICA_STACKS: dict[int, PhaseStack] = {}  # the sidecar's: token -> replica stack
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
+
+
+def stack_of(token: int, main: bool = False) -> PhaseStack:
+    """The sidecar replica's stack for a training-process stack's token."""
+    stack = _REPLICA_STACKS.get(token)
+    if stack is None:
+        stack = _REPLICA_STACKS[token] = MainPhaseStack() if main else PhaseStack()
+        stack.thread = 0  # (another process's thread)
+    return stack
+
+
+def replica_stacks() -> dict[int, PhaseStack]:
+    return _REPLICA_STACKS
+
+
+def _stack_token(stack: PhaseStack) -> tuple[Any, ...]:
+    return (stack_of, (id(stack), isinstance(stack, MainPhaseStack)))
+
+
+copyreg.pickle(PhaseStack, _stack_token)
+copyreg.pickle(MainPhaseStack, _stack_token)
 
 
 def frame(message: tuple[Any, ...]) -> bytes:

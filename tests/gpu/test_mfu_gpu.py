@@ -16,7 +16,7 @@ import torch
 
 import otel_train
 from otel_train import contract as c
-from otel_train.recording.peaks import lookup_peak
+from otel_train.processing.peaks import lookup_peak
 from otel_train.testing import InMemoryTelemetry
 
 pytestmark = pytest.mark.gpu

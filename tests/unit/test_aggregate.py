@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_train import contract as c
 from otel_train.export.bridge import BridgedInMemoryReader, HistogramBridge
-from otel_train.recording.aggregate import Exemplar, HistogramState, MetricsAggregator
+from otel_train.processing.aggregate import Exemplar, HistogramState, MetricsAggregator
 
 BOUNDS = (1.0, 2.0, 5.0)
 VALUES = [0.5, 1.0, 1.0000001, 1.5, 2.0, 4.999, 5.0, 5.0001, 100.0, 0.0, -1.0]

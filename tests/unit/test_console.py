@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from otel_train.recording.batch import group_steps
-from otel_train.recording.console import ConsoleReporter
-from otel_train.recording.resolved import ResolvedStep
+from otel_train.processing.batch import group_steps
+from otel_train.processing.console import ConsoleReporter
+from otel_train.processing.resolved import ResolvedStep
 
 
 def _steps(n: int, seed: int = 3) -> list[ResolvedStep]:

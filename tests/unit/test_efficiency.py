@@ -18,7 +18,7 @@ from otel_helpers import providers, step_spans, value
 
 import otel_train
 from otel_train import contract as c
-from otel_train.recording.peaks import PEAKS, lookup_peak
+from otel_train.processing.peaks import PEAKS, lookup_peak
 from otel_train.testing import InMemoryTelemetry
 
 
@@ -496,7 +496,7 @@ class _CountedOnce:
     """A FLOP probe that has counted step 1 (what the training thread's probe hands on)."""
 
     def __init__(self, seconds: float) -> None:
-        from otel_train.recording.flops import CountResult
+        from otel_train.processing.flops import CountResult
 
         self.results = collections.deque(
             [
@@ -522,12 +522,12 @@ class _CountedOnce:
 def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: float) -> None:
     """The summary gives the counting step's extra time over the typical step it was
     compared with, and says so plainly when the steps after it were slower."""
-    from otel_train.recording.batch import group_steps
-    from otel_train.recording.console import fmt_seconds
-    from otel_train.recording.efficiency import EfficiencyTracker
-    from otel_train.recording.efficiency_lines import summary_lines
+    from otel_train.processing.batch import group_steps
+    from otel_train.processing.console import fmt_seconds
+    from otel_train.processing.efficiency import EfficiencyTracker
+    from otel_train.processing.efficiency_lines import summary_lines
+    from otel_train.processing.resolved import ResolvedStep
     from otel_train.recording.regions import RegionLog
-    from otel_train.recording.resolved import ResolvedStep
     from otel_train.settings import Settings
 
     settings = Settings.resolve({"peak_tflops": 1.0})

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from otel_helpers import fetch_ahead_loop, providers, tiny_loader, tiny_model
 
 import otel_train
-from otel_train.recording.goodput import Goodput
+from otel_train.processing.goodput import Goodput
 from otel_train.testing import InMemoryTelemetry
 
 

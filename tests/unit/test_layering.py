@@ -34,7 +34,7 @@ def files(sub: str) -> list[Path]:
     return sorted((PKG / sub).rglob("*.py"))
 
 
-@pytest.mark.parametrize("sub", ["recording", "adapters"])
+@pytest.mark.parametrize("sub", ["recording", "processing", "adapters"])
 def test_recording_and_adapters_use_the_api_only(sub: str) -> None:
     for path in files(sub):
         for module, level in imports(path):
@@ -43,7 +43,7 @@ def test_recording_and_adapters_use_the_api_only(sub: str) -> None:
 
 
 def test_recording_does_not_import_adapters_or_frameworks() -> None:
-    for path in files("recording"):
+    for path in files("recording") + files("processing"):
         for module, level in imports(path):
             assert not (level and "adapters" in module), f"{path.name} imports {module}"
             assert not module.startswith(FRAMEWORKS), f"{path.name} imports {module}"
@@ -106,18 +106,23 @@ LAYERS: dict[str, frozenset[str]] = {
     "settings": BASE - {"settings"},
     "signals": BASE,
     "debug": frozenset({"identity"}),  # loadable without the rest of otel-train
-    "recording": BASE | {"debug"},  # the core: knows no adapter, exporter or sidecar
-    "export": BASE | {"recording"},  # the SDK side: reads the core's aggregates
+    # the core's training-thread side: knows no consumer, adapter, exporter or sidecar
+    "recording": BASE | {"debug"},
+    # the core's consumer side: resolved steps, metrics, tables, spans (reads recording)
+    "processing": BASE | {"recording"},
+    "export": BASE | {"recording", "processing"},  # the SDK side: reads the aggregates
     "adapters": BASE | {"recording"},  # leaves over the core; talk to the OTel API only
-    "wiring": BASE | {"recording", "export"},  # the consumer side, built in one place
-    "sidecar": BASE | {"recording", "export", "wiring"},  # the other process (session's)
+    "wiring": BASE | {"recording", "processing", "export"},  # the consumer side, built once
+    "sidecar": BASE | {"recording", "processing", "export", "wiring"},  # session's process
     "session": BASE
-    | {"signals", "debug", "recording", "export", "wiring", "sidecar", "session_end"},
+    | {"signals", "debug", "recording", "processing", "export"}
+    | {"wiring", "sidecar", "session_end"},
     "session_end": frozenset(),  # a session's flush and end (it is handed the session)
     # the package: names the public API, each name loaded at its first use
     "otel_train": BASE | {"api", "session", "adapters"},
     "api": BASE | {"session", "adapters", "recording"},  # the public API's functions
-    "runs": BASE | {"export", "recording"},  # reads run records (export/record.py writes)
+    # reads run records (export/record.py writes them)
+    "runs": BASE | {"export", "recording", "processing"},
     "cli": BASE | {"otel_train", "runs"},
     # opentelemetry-instrument's entry point: the process-wide adapter and trainers
     "instrumentor": BASE | {"otel_train", "session", "adapters"},
@@ -125,6 +130,8 @@ LAYERS: dict[str, frozenset[str]] = {
 }
 # Why the edges that matter most are absent: the message a violation carries.
 REASONS: dict[tuple[str, str], str] = {
+    ("recording", "processing"): "the training-thread side hands steps on and never reads "
+    "the consumer side's types: the consumer side reads the recorder",
     ("recording", "adapters"): "the core never knows its adapters: they are leaves over it",
     ("recording", "export"): "the core talks to the OTel API only; the SDK side reads it",
     ("recording", "sidecar"): "the sidecar is started by session.py alone",

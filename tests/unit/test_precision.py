@@ -17,8 +17,8 @@ from otel_helpers import providers, step_spans, value
 
 import otel_train
 from otel_train import contract as c
+from otel_train.processing.peaks import lookup_peak
 from otel_train.recording import precision
-from otel_train.recording.peaks import lookup_peak
 from otel_train.testing import InMemoryTelemetry
 
 H100_BF16, H100_FP32, H100_TF32 = 989.4e12, 66.9e12, 494.7e12

@@ -208,7 +208,7 @@ def test_dataloader_with_forked_workers_neither_hangs_nor_exports_from_children(
 
 
 def test_phase_names_beyond_the_cap_share_one_series() -> None:
-    from otel_train.recording import worker as worker_module
+    from otel_train.processing import worker as worker_module
 
     tel = InMemoryTelemetry()
     otel_train.configure(console="off", **providers(tel))

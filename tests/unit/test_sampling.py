@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_train.recording.batch import StepBlock, group_steps
-from otel_train.recording.resolved import ResolvedStep
-from otel_train.recording.sampling import StepSampler
+from otel_train.processing.batch import StepBlock, group_steps
+from otel_train.processing.resolved import ResolvedStep
+from otel_train.processing.sampling import StepSampler
 
 MS = 1_000_000
 

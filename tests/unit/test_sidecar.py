@@ -284,8 +284,8 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     """The sidecar yields its core to training: a worker that falls behind must not hold
     whatever the pipe brings. Past the bound the oldest steps go, counted as the
     feeder's are (dropped{reason="sidecar"})."""
-    from otel_train.recording.resolved import ResolvedStep
-    from otel_train.recording.source import Batch, Counters
+    from otel_train.processing.resolved import ResolvedStep
+    from otel_train.processing.source import Batch, Counters
     from otel_train.settings import Settings
     from otel_train.sidecar import agent
 

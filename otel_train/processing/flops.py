@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .flop_counts import CountResult, FlopKey
-from .precision import dominant as dominant_label
-from .precision import dtype_label
+from ..recording.flop_counts import CountResult, FlopKey
+from ..recording.precision import dominant as dominant_label
+from ..recording.precision import dtype_label
 
 _log = logging.getLogger("otel_train")
 

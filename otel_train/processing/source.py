@@ -3,7 +3,7 @@ training process.
 
 CUDA events are per process, so resolving them (a non-blocking ``query()``, then
 placing the events on the host clock) happens here, next to the recorder. What comes
-out is a :class:`Batch` of plain data: blocks of finished steps (recording/batch.py),
+out is a :class:`Batch` of plain data: blocks of finished steps (processing/batch.py),
 loose scalar values and the recorder's counters. The
 worker reads batches from a source: this one, in the same process, or the sidecar's
 copy of it in another process (otel_train/sidecar/).
@@ -15,11 +15,11 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import capture
+from ..recording import capture
+from ..recording.device import DeviceClock, EventPool, on_device
+from ..recording.recorder import Recorder
+from ..recording.records import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
 from .batch import Shape, StepBlock, group_steps
-from .device import DeviceClock, EventPool, on_device
-from .recorder import Recorder
-from .records import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
 from .resolved import ResolvedStep, scalar_value
 
 _BY_SEQ = operator.itemgetter(P_SEQ)
@@ -69,10 +69,10 @@ class StepSource:
         rec = self.recorder
         batch = Batch()
         parts = batch.parts
-        for before, block in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
+        for before, run in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
-            parts.append(block)
+            parts.append(StepBlock(run.template, run.entries, run.first))
         with on_device(rec.device):  # (this thread's queries: no context of its own)
             tail = self._take_resolved(keep_partial)
             batch.scalars = self._loose_scalars()

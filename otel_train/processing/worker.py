@@ -19,18 +19,18 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import contract as c
+from ..recording.collectives import parse as parse_collective
+from ..recording.records import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
+from ..recording.tokens import observe_staleness
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .batch import StepBlock
-from .collectives import parse as parse_collective
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .records import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
 from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .source import Batch, Counters, StepSource
 from .spans import SpanEmitter
-from .tokens import observe_staleness
 
 _log = logging.getLogger("otel_train")
 # Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.

@@ -9,11 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .links import StepLink
-    from .tokens import Consumed
-
-# Phases that run on the host by nature: timed with the host clock, no CUDA events.
-HOST_PHASES = frozenset({"data"})
+    from ..recording.links import StepLink
+    from ..recording.tokens import Consumed
 
 
 class ResolvedPhase:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from operator import itemgetter, sub
 from typing import Any
 
-from .collectives import Waits
-from .records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from ..recording.collectives import Waits
+from ..recording.records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from ..recording.values import add_count
 from .resolved import ResolvedStep, scalar_value
-from .values import add_count
 
 MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
 _TIME = itemgetter(1)
@@ -157,7 +157,11 @@ class StepBlock:
         entries; the columns come later, off the recorder's lock (:meth:`columns`).
         (:meth:`of_steps` passes no template and the steps' ``shape``.)"""
         self.template = template
-        self.shape: Shape = template.shape if shape is None else shape
+        if shape is None:
+            shape = template.shape
+            if shape is None:  # (made once per template: its first block)
+                shape = template.shape = Shape([r[:3] for r in template.rows])
+        self.shape: Shape = shape
         self._entries = entries
         self.first = first
         self.k = len(entries) // template.m if template is not None else 0

@@ -27,9 +27,9 @@ from typing import Any
 
 from .. import contract as c
 from ..identity import rank, world_size
-from .collectives import DDP_OP, label, parse, phase_name, sequence_number
+from ..recording.collectives import DDP_OP, label, parse, phase_name, sequence_number
+from ..recording.records import S_NAME
 from .hangs import Progress
-from .records import S_NAME
 
 _log = logging.getLogger("otel_train")
 MAX_STACKS = 64 * 1024  # characters of stacks in one record

@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from ..recording.collectives import label
 from .batch import StepBlock
-from .collectives import label
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import contract as c
+from ..recording.flop_counts import MIXED
 from .batch import StepEfficiency
 from .efficiency import MAX_COUNTED_SHAPES, EfficiencyTracker
-from .flop_counts import MIXED
 
 
 def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:

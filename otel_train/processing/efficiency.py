@@ -31,13 +31,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import contract as c
+from ..recording.flop_counts import CountResult, FlopKey, parameter_count
+from ..recording.regions import RegionLog
 from ..settings import Settings
 from .aggregate import MetricsAggregator
 from .batch import EfficiencyColumns, StepBlock
-from .flop_counts import CountResult, FlopKey, parameter_count
 from .goodput import Goodput
 from .peaks import Peak, lookup_peak
-from .regions import RegionLog
 
 if TYPE_CHECKING:
     import torch
@@ -430,7 +430,7 @@ class EfficiencyTracker:
             return self.model_facts[1]
         import torch
 
-        from .precision import model_label  # (models of this process: torch is in use)
+        from ..recording.precision import model_label  # (models of this process: torch is in use)
 
         rec = self._recorder
         hint = getattr(rec, "precision_hint", None)

@@ -24,8 +24,8 @@ from opentelemetry.trace import (
 )
 
 from .. import contract as c
-from .collectives import PREFIX as COLLECTIVE
-from .collectives import parse as parse_collective
+from ..recording.collectives import PREFIX as COLLECTIVE
+from ..recording.collectives import parse as parse_collective
 from .efficiency_lines import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
 
