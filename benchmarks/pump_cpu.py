@@ -7,7 +7,7 @@ fourth or so takes the log, and some pumps also read the sidecar's reports, send
 counters or write the pipe. This trains the MLP of ``tail.py`` (64-256-64, batch 32,
 one torch thread) instrumented at defaults with otel-train's own SDK, and measures each
 step's share of pump work on the training thread's CPU clock (``time.thread_time_ns``
-around the feeder's ``_pump``, and around its parts: the raw take, the counters batch,
+around the feeder's ``_pump``, and around its parts: the raw take, the counters delivery,
 the control read, the pipe write). A CPU clock over a few hundred microseconds of our
 own code is far less noisy here than a step's wall time (``tail.py``'s ``plain-again``
 shows that noise). Nothing is asserted; it prints one JSON line per run.
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-PARTS = {"raw": "_pump_raw", "batch": "_send_batch", "control": "_read_control"}
+PARTS = {"raw": "_pump_raw", "delivery": "_send_delivery", "control": "_read_control"}
 
 
 def _timed(obj: Any, attr: str, into: list[int]) -> None:

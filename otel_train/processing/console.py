@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..recording.collectives import label
-from .batch import StepBlock
+from .blocks import StepBlock
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
 

@@ -35,7 +35,7 @@ from ..recording.flop_counts import CountResult, FlopKey, parameter_count
 from ..recording.regions import RegionLog
 from ..settings import Settings
 from .aggregate import MetricsAggregator
-from .batch import EfficiencyColumns, StepBlock
+from .blocks import EfficiencyColumns, StepBlock
 from .goodput import Goodput
 from .peaks import Peak, lookup_peak
 

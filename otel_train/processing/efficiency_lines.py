@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import contract as c
 from ..recording.flop_counts import MIXED
-from .batch import StepEfficiency
+from .blocks import StepEfficiency
 from .efficiency import MAX_COUNTED_SHAPES, EfficiencyTracker
 
 

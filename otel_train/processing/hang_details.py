@@ -28,7 +28,7 @@ from typing import Any
 from .. import contract as c
 from ..identity import rank, world_size
 from ..recording.collectives import DDP_OP, label, parse, phase_name, sequence_number
-from ..recording.records import S_NAME
+from ..recording.layouts import S_NAME
 from .hangs import Progress
 
 _log = logging.getLogger("otel_train")

@@ -99,7 +99,7 @@ class ResolvedStep:
         self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
         self.link: StepLink | None = None  # when the step's trace crosses processes
         self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
-        # Span events from the debugging components (records.OpenStep.events)
+        # Span events from the debugging components (layouts.OpenStep.events)
         self.events: list[tuple[str, dict[str, Any]]] | None = None
 
     @property

@@ -20,7 +20,7 @@ import heapq
 from bisect import bisect_left
 from typing import Any
 
-from .batch import StepBlock
+from .blocks import StepBlock
 from .resolved import ResolvedStep
 
 MAX_NEW_SHAPES = 64  # step shapes traced for being new; later new shapes are not

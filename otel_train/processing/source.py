@@ -3,9 +3,9 @@ training process.
 
 CUDA events are per process, so resolving them (a non-blocking ``query()``, then
 placing the events on the host clock) happens here, next to the recorder. What comes
-out is a :class:`Batch` of plain data: blocks of finished steps (processing/batch.py),
+out is a :class:`Delivery` of plain data: blocks of finished steps (processing/blocks.py),
 loose scalar values and the recorder's counters. The
-worker reads batches from a source: this one, in the same process, or the sidecar's
+worker reads deliveries from a source: this one, in the same process, or the sidecar's
 copy of it in another process (otel_train/sidecar/).
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from ..recording import capture
 from ..recording.device import DeviceClock, EventPool, on_device
+from ..recording.layouts import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
 from ..recording.recorder import Recorder
-from ..recording.records import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
-from .batch import Shape, StepBlock, group_steps
+from .blocks import Shape, StepBlock, group_steps
 from .resolved import ResolvedStep, scalar_value
 
 _BY_SEQ = operator.itemgetter(P_SEQ)
@@ -31,7 +31,7 @@ Part = list[ResolvedStep] | StepBlock
 
 @dataclass(slots=True)
 class Counters:
-    """The recorder's state that metrics report, read when a batch is taken."""
+    """The recorder's state that metrics report, read when a delivery is taken."""
 
     pending: int = 0
     dropped_steps: int = 0
@@ -43,8 +43,8 @@ class Counters:
 
 
 @dataclass(slots=True)
-class Batch:
-    """Steps finished since the last batch, in order, with what goes beside them:
+class Delivery:
+    """Steps finished since the last delivery, in order, with what goes beside them:
     ``parts`` are :class:`StepBlock` objects once :func:`finished` has made them."""
 
     parts: list[Any] = field(default_factory=list)
@@ -52,6 +52,10 @@ class Batch:
     counters: Counters = field(default_factory=Counters)
     # Remote phases' trees (links.py), resolved like steps (index -1); set by finished()
     remote: list[ResolvedStep] = field(default_factory=list)
+
+    def step_count(self) -> int:
+        """Finished steps in its parts (blocks and lists of steps)."""
+        return sum(p.k if isinstance(p, StepBlock) else len(p) for p in self.parts)
 
 
 class StepSource:
@@ -62,26 +66,28 @@ class StepSource:
         self.clock = DeviceClock()
         self.shapes: dict[Any, Shape] = {}
 
-    def take(self, derive: bool = True, keep_partial: bool = False) -> Batch:
+    def take(self, derive: bool = True, keep_partial: bool = False) -> Delivery:
         """Every step whose events have completed; ``derive``: make the parts blocks with
         their columns here (else the sidecar does, in its own process: resolved steps and
         blocks go as they are); ``keep_partial``: see :meth:`Recorder.drain_blocks`."""
         rec = self.recorder
-        batch = Batch()
-        parts = batch.parts
+        delivery = Delivery()
+        parts = delivery.parts
         for before, run in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
             parts.append(StepBlock(run.template, run.entries, run.first))
         with on_device(rec.device):  # (this thread's queries: no context of its own)
             tail = self._take_resolved(keep_partial)
-            batch.scalars = self._loose_scalars()
+            delivery.scalars = self._loose_scalars()
         if tail:
             parts.append(tail)
         if derive:
-            batch.parts = [b for part in parts for b in finished(part, self.shapes, batch.remote)]
+            delivery.parts = [
+                b for part in parts for b in finished(part, self.shapes, delivery.remote)
+            ]
         mem = rec.memory
-        batch.counters = Counters(
+        delivery.counters = Counters(
             pending=rec.pending_count,
             dropped_steps=rec.dropped_steps,
             dropped_phases=rec.dropped_phases,
@@ -89,7 +95,7 @@ class StepSource:
             memory_total=mem.total_bytes if mem is not None else None,
             device_id=mem.device_id if mem is not None else None,
         )
-        return batch
+        return delivery
 
     def has_work(self) -> bool:
         return self.recorder.has_work()

@@ -90,7 +90,7 @@ class SpanEmitter:
             attrs[c.STEP_COLLECTIVE_WAIT.key] = wait
         root = self._root(step, attrs, start)
         spans = self._phase_tree(step.phases, root, step.index)
-        if step.events:  # (profiler trace, memory snapshot paths: records.OpenStep.events)
+        if step.events:  # (profiler trace, memory snapshot paths: layouts.OpenStep.events)
             for name, attributes in step.events:
                 root.add_event(name, attributes, timestamp=start)
         if step.error:

@@ -1,4 +1,4 @@
-"""The worker: takes batches of finished steps from a source and feeds metrics, tables
+"""The worker: takes deliveries of finished steps from a source and feeds metrics, tables
 and spans.
 
 It wakes every ``poll_s`` and works every ``batch_s`` or once a quarter of the
@@ -20,16 +20,16 @@ from typing import Any
 
 from .. import contract as c
 from ..recording.collectives import parse as parse_collective
-from ..recording.records import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
+from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
 from ..recording.tokens import observe_staleness
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
-from .batch import StepBlock
+from .blocks import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
 from .resolved import ResolvedStep
 from .sampling import StepSampler
-from .source import Batch, Counters, StepSource
+from .source import Counters, Delivery, StepSource
 from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
@@ -94,7 +94,7 @@ class Worker:
         self._thread.start()
 
     def _run(self) -> None:
-        # Wake often, work seldom: a batch of many steps costs far less per step than a
+        # Wake often, work seldom: a delivery of many steps costs far less per step than a
         # few (the worker's code and data are cold after the training thread ran), so it
         # processes every ``batch_s``, or sooner when the backlog grows.
         last = time.monotonic()
@@ -146,12 +146,12 @@ class Worker:
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                batch = self._take()
-                blocks: list[StepBlock] = batch.parts
+                delivery = self._take()
+                blocks: list[StepBlock] = delivery.parts
                 n = self._update_metrics(blocks)
                 observe_staleness(blocks, self.agg, self.publisher)  # (RL: tokens.py)
-                if batch.remote:
-                    self._remote_metrics(batch.remote)
+                if delivery.remote:
+                    self._remote_metrics(delivery.remote)
             except Exception:
                 self.failed = True
                 self.source.disable()
@@ -163,13 +163,13 @@ class Worker:
             except Exception:  # (a closed stdout, say): the tables stop, the rest goes on
                 self.console = ConsoleReporter(0, "off")
                 _log.exception("otel-train: printing the console table failed; it is off")
-            if batch.scalars:
-                self._loose_scalars(batch.scalars)
+            if delivery.scalars:
+                self._loose_scalars(delivery.scalars)
             sampler = self.sampler
             for block in blocks:
                 self._emit(sampler.offer(block))
-            if batch.remote:
-                self._emit_remote(batch.remote)
+            if delivery.remote:
+                self._emit_remote(delivery.remote)
             if not n and sampler.mode == "sampled":
                 self._emit(sampler.close_if_idle(time.perf_counter_ns()))
             spent = time.thread_time_ns() - t0
@@ -181,16 +181,16 @@ class Worker:
                     self.agg.set(c.OVERHEAD.name, (), per_step)
             return n
 
-    def _take(self) -> Batch:
+    def _take(self) -> Delivery:
         """Finished steps in order (source.py), and the scalars recorded outside them."""
-        batch = self.source.take()
-        self.counters = batch.counters
-        return batch
+        delivery = self.source.take()
+        self.counters = delivery.counters
+        return delivery
 
     def _loose_scalars(self, scalars: list[tuple[str, float]]) -> None:
-        """Scalars recorded outside steps, set after the batch's steps' own: a value the
+        """Scalars recorded outside steps, set after the delivery's steps' own: a value the
         user records between steps (a trainer's logged loss, say) stands over a step's
-        earlier one of the same name taken in the same batch."""
+        earlier one of the same name taken in the same delivery."""
         with self.agg.lock:
             for name, v in scalars:
                 self.agg.set(c.SCALAR.name, ((A_NAME, name),), v)
@@ -198,9 +198,9 @@ class Worker:
             self.console.last_scalars[name] = v
 
     def _update_metrics(self, blocks: list[StepBlock]) -> int:
-        """Metrics of a batch's steps; returns how many steps it held. Per step, values
-        are only collected; histograms take them once per batch (observe_many), counters
-        once per batch."""
+        """Metrics of a delivery's steps; returns how many steps it held. Per step, values
+        are only collected; histograms take them once per delivery (observe_many), counters
+        once per delivery."""
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] | None = [] if api else None
@@ -239,7 +239,7 @@ class Worker:
                 if counts.any_tokens:
                     agg.add(c.TOKENS.name, (), counts.tokens)
                 if self.efficiency is not None:
-                    self._observe_efficiency(None, "end")  # goodput, once per batch
+                    self._observe_efficiency(None, "end")  # goodput, once per delivery
         if records:
             assert self.publisher is not None
             for name, attrs, value in records:
@@ -272,7 +272,7 @@ class Worker:
                 self.emitter.device_total = total
 
     def _block_counts(self, block: StepBlock, counts: _Counts) -> None:
-        """Samples and tokens: the batch's totals (their rates are throughput, computed
+        """Samples and tokens: the delivery's totals (their rates are throughput, computed
         in PromQL: contract.DERIVED)."""
         s_known, s_sum = _counted(block.samples)
         t_known, t_sum = _counted(block.tokens)
@@ -445,14 +445,14 @@ class Worker:
                     entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                     if entry is not None:  # folded names map to the "_other" series
                         entry[0].attach_exemplar(Exemplar(row[P_SECONDS], when, trace_id, span_id))
-        # Spans are emitted after the batch's metrics were updated: publish the count now,
-        # or the last batch (and the shutdown drain) would never be counted.
+        # Spans are emitted after the delivery's metrics were updated: publish the count now,
+        # or the last delivery (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
 
 
 class _Counts:
-    """A batch's samples and tokens: whether any step knew them, and their sums."""
+    """A delivery's samples and tokens: whether any step knew them, and their sums."""
 
     __slots__ = ("any_samples", "any_tokens", "samples", "tokens")
 

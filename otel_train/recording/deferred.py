@@ -6,7 +6,7 @@ the log under the lock on whichever thread settles it first, normally the worker
 caller that needs the state settles before it reads it, so the state every caller sees
 is the same as if nothing had been deferred. Runs of steps whose boundaries repeat a known
 shape are not replayed one by one: :meth:`DeferredLog.drain_blocks` hands them to the
-worker as columns (blocks.py), using the shapes learned in shapes.py.
+worker as runs (templates.py), using the shapes learned in shapes.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
-from .blocks import KIND, STACK, Run, Template
-from .phases import PhaseMachine
-from .records import (
+from .layouts import (
     COUNTS,
     ENTER,
     ENTER_REMOTE,
@@ -36,8 +34,10 @@ from .records import (
     OpenStep,
     newest_time,
 )
+from .phases import PhaseMachine
 from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, SETTLE_SLICE
 from .shapes import StepShapes
+from .templates import KIND, STACK, Run, Template
 
 if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
@@ -284,7 +284,7 @@ class DeferredLog(PhaseMachine):
         """Apply one logged entry: ``(stack, t, kind, ...)``, or ``(None, 0, kind, ...)``
         for what needs no time.
 
-        One function, and positions as literals (records.L_STACK, L_TIME, L_KIND): this
+        One function, and positions as literals (layouts.L_STACK, L_TIME, L_KIND): this
         runs once per entry, and under callgrind the call of a separate dispatcher, or
         the three names' global lookups, each add ~1.5% to a replayed plain-loop step."""
         kind = item[2]
@@ -321,7 +321,7 @@ class DeferredLog(PhaseMachine):
             self._discard_if_only(item[3])
 
     def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], Run]]:
-        """Apply the log, taking runs of recognised steps whole (recording/blocks.py).
+        """Apply the log, taking runs of recognised steps whole (recording/templates.py).
 
         Returns ``(steps finished before the run, run)`` pairs in order; steps
         finished after the last block stay in ``pending``. Normally the worker's call.

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..settings import ConfigError, Settings
 from . import capture
 from .device import EventPool
-from .links import CarrierGate, Parent, StepLink, new_ids
-from .records import (
+from .layouts import (
     P_EV0,
     P_EV1,
     P_MEMORY,
@@ -33,6 +32,7 @@ from .records import (
     OpenStep,
     new_stack,
 )
+from .links import CarrierGate, Parent, StepLink, new_ids
 from .scopes import (
     ADAPTER,
     CYCLE,

@@ -1,7 +1,7 @@
 """Phases on a thread's stack: entering, exiting, and an adapter's boundary in one go.
 
-A phase lives as a stack entry (a list, see records.S_NAME ...) while it is open and
-becomes a row of its step (a tuple, records.P_SEQ ...) when it exits. Like the step
+A phase lives as a stack entry (a list, see layouts.S_NAME ...) while it is open and
+becomes a row of its step (a tuple, layouts.P_SEQ ...) when it exits. Like the step
 machine below it, every method applies an event at a time read earlier, with the lock
 held or on an object nobody else sees. :meth:`PhaseMachine._transition_at` is the common
 CPU case: it handles a whole adapter boundary without the general enter/exit path, so a
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .machine import StepMachine
-from .records import (
+from .layouts import (
     S_NAME,
     S_PEAK_ALLOCATED,
     S_PEAK_RESERVED,
@@ -23,6 +22,7 @@ from .records import (
     OpenStep,
     describe_exception,
 )
+from .machine import StepMachine
 from .scopes import ADAPTER, BACKGROUND, CYCLE, HOST_PHASES, MAX_STACK, REMOTE
 
 

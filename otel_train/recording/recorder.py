@@ -19,7 +19,7 @@ top of a stack of layers, each using only those below it: the step machine
 (machine.py), phases (phases.py), the deferred log (deferred.py, with the step shapes
 of shapes.py), the entry methods of traces across processes (trace_entries.py), and
 here the entry methods the hooks call. The names other modules
-import from here (scopes, records, limits) are defined in scopes.py and records.py.
+import from here (scopes, layouts, limits) are defined in scopes.py and layouts.py.
 
 Usage::
 
@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
 from .collectives import phase_name as collective_phase
-from .links import UNSET
-from .records import (
+from .layouts import (
     COUNTS,
     DISCARD,
     ENTER,
@@ -51,6 +50,7 @@ from .records import (
     describe_exception,
     new_stack,
 )
+from .links import UNSET
 from .scopes import (
     ADAPTER,
     BUILT_WITH,

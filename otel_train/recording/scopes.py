@@ -68,7 +68,7 @@ def boundary(
     end it; open a step of mode ``begin`` if none is open; enter ``open_`` if a step is
     (then) open. ``counted``: the entry carries the batch's (samples, tokens). Hooks log
     the same objects every step, so the worker recognises a repeating step by identity
-    (recording/blocks.py).
+    (recording/templates.py).
     """
     return (close, open_, begin, end, counted)
 

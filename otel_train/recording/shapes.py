@@ -1,9 +1,10 @@
-"""Learning step shapes from the deferred log, for blocks.py's columns.
+"""Learning step shapes from the deferred log (templates.py), for the consumer side's
+columns (processing/blocks.py).
 
 A plain loop logs the same boundary objects in the same order every step. The first
 time a run of them takes an idle recorder through exactly one step, :class:`StepShapes`
 replays the run on a scratch state machine with entry positions for times, and keeps the
-resulting :class:`~otel_train.recording.blocks.Template`. Later runs of the same kinds
+resulting :class:`~otel_train.recording.templates.Template`. Later runs of the same kinds
 from the same thread are then taken as blocks without a replay. Learning is bounded
 (8 shapes per first boundary, 64 failed attempts) so that a loop that never repeats
 costs only the attempts.
@@ -14,10 +15,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ..settings import Settings
-from .blocks import MAX_TEMPLATE, MAX_TEMPLATES, Template
+from .layouts import P_NAME, P_PARENT, P_SEQ, P_T0, P_T1, SCALARS
 from .phases import PhaseMachine
-from .records import P_NAME, P_PARENT, P_SEQ, P_T0, P_T1, SCALARS
 from .scopes import ADAPTER, Boundary
+from .templates import MAX_TEMPLATE, MAX_TEMPLATES, Template
 
 MAX_MISSES = 64  # runs that could not be learned before learning stops
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..identity import run_id
 from .deferred import DeferredLog
+from .layouts import ENTER_REMOTE, LINK
 from .links import Parent, carrier_dict, parse_carrier, warn_bad_parent
-from .records import ENTER_REMOTE, LINK
 from .tokens import MAX_CONSUMED, parse_token, produced_token, warn_bad_token
 from .values import clean_count
 

@@ -25,14 +25,14 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import Telemetry, build_own
-from ..processing.batch import Shape, StepBlock
+from ..processing.blocks import Shape, StepBlock
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hangs import Progress
 from ..processing.instruments import rss_bytes
-from ..processing.source import Batch, Counters, StepSource, finished
-from ..recording.blocks import Template
+from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.recorder import Recorder
 from ..recording.regions import RegionLog
+from ..recording.templates import Template
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
@@ -40,11 +40,11 @@ from .relay import METRICS_S, RelayEmitter, RelayLoggerProvider, RelayOut, send_
 from .wire import replica_stacks, stack_of
 
 _log = logging.getLogger("otel_train")
-_REPLICA = Counters()  # marks the replica's batches: the counters are the trainer's
+_REPLICA = Counters()  # marks the replica's deliveries: the counters are the trainer's
 NICE = 10  # the sidecar's niceness: CFS gives a nice-0 trainer ~90% of a shared core
 REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
 # Finished steps received and not yet taken by the worker: past this many the oldest
-# batches are dropped and counted (dropped{reason="sidecar"}), as the training process's
+# deliveries are dropped and counted (dropped{reason="sidecar"}), as the training process's
 # feeder drops what its pipe cannot take. About 3 s of a 5k steps/s loop; a worker that
 # keeps up holds one tick's worth (~0.1 s).
 MAX_HELD_STEPS = 16384
@@ -55,8 +55,8 @@ class RemoteSource:
     pipe, and a replica recorder applying the log entries sent raw (raw.py)."""
 
     def __init__(self, settings: Any, out: Any) -> None:
-        self._batches: collections.deque[Batch] = collections.deque()
-        self._held = 0  # finished steps in _batches
+        self._deliveries: collections.deque[Delivery] = collections.deque()
+        self._held = 0  # finished steps in _deliveries
         self.dropped = 0  # steps dropped for the bound (MAX_HELD_STEPS)
         self.counters = Counters()
         self.disabled = False
@@ -67,22 +67,22 @@ class RemoteSource:
         self.session: int | None = None
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._drained = 0.0
-        self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (batch.group_steps)
+        self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
 
-    def push(self, batch: Batch) -> None:
+    def push(self, delivery: Delivery) -> None:
         with self._lock:
             if not self.disabled:
-                self._hold(batch)
+                self._hold(delivery)
 
-    def _hold(self, batch: Batch) -> None:
-        """Keep a batch for the worker, dropping the oldest past MAX_HELD_STEPS (lock
+    def _hold(self, delivery: Delivery) -> None:
+        """Keep a delivery for the worker, dropping the oldest past MAX_HELD_STEPS (lock
         held): a worker that falls behind (this process yields its core to training)
         must not hold an unbounded backlog."""
-        batches = self._batches
-        batches.append(batch)
-        self._held += _steps_in(batch)
-        while self._held > MAX_HELD_STEPS and len(batches) > 1:
-            n = _steps_in(batches.popleft())
+        deliveries = self._deliveries
+        deliveries.append(delivery)
+        self._held += delivery.step_count()
+        while self._held > MAX_HELD_STEPS and len(deliveries) > 1:
+            n = deliveries.popleft().step_count()
             self._held -= n
             self.dropped += n
 
@@ -101,10 +101,10 @@ class RemoteSource:
                 self._hold(self._replica_take(keep_partial=True))
                 self._report_idle()
 
-    def _replica_take(self, keep_partial: bool) -> Batch:
-        batch = self._replica_source.take(derive=False, keep_partial=keep_partial)
-        batch.counters = _REPLICA  # the replica's own are added in take()
-        return batch
+    def _replica_take(self, keep_partial: bool) -> Delivery:
+        delivery = self._replica_source.take(derive=False, keep_partial=keep_partial)
+        delivery.counters = _REPLICA  # the replica's own are added in take()
+        return delivery
 
     def raw_begin(self, session: int, next_index: int, token: Any) -> None:
         with self._lock:
@@ -128,22 +128,22 @@ class RemoteSource:
                 stack.clear()
             self.session = None
 
-    def take(self) -> Batch:
-        out = Batch(counters=self.counters)
+    def take(self) -> Delivery:
+        out = Delivery(counters=self.counters)
         with self._lock:
             if self.session is not None and self.replica._log:
                 self._hold(self._replica_take(keep_partial=True))
                 self._report_idle()
-            batches, self._batches = self._batches, collections.deque()
+            deliveries, self._deliveries = self._deliveries, collections.deque()
             self._held = 0
         extra = self.replica
-        for batch in batches:
-            for part in batch.parts:
+        for delivery in deliveries:
+            for part in delivery.parts:
                 if part:
                     out.parts.extend(finished(part, self.shapes, out.remote))
-            out.scalars.extend(batch.scalars)
-            if batch.counters is not _REPLICA:
-                self.counters = batch.counters
+            out.scalars.extend(delivery.scalars)
+            if delivery.counters is not _REPLICA:
+                self.counters = delivery.counters
         c = self.counters
         out.counters = dataclasses.replace(
             c,
@@ -172,21 +172,16 @@ class RemoteSource:
 
     def has_work(self) -> bool:
         # (a partial step kept in the replica's log is not work until finish())
-        return bool(self._batches)
+        return bool(self._deliveries)
 
     def backlog_due(self) -> bool:
-        return len(self._batches) >= 64
+        return len(self._deliveries) >= 64
 
     def disable(self) -> None:
         with self._lock:
             self.disabled = True
-            self._batches.clear()
+            self._deliveries.clear()
             self._held = 0
-
-
-def _steps_in(batch: Batch) -> int:
-    """Finished steps in a batch's parts (blocks, lists of steps)."""
-    return sum(part.k if isinstance(part, StepBlock) else len(part) for part in batch.parts)
 
 
 class RemoteProbe:
@@ -216,7 +211,7 @@ class RemoteHangs:
         self._out = out
         self._source = source
         self.latest: Progress | None = None
-        self.seen_ns = 0  # the newest step end that arrived in a batch
+        self.seen_ns = 0  # the newest step end that arrived in a delivery
         self.watch: Any = None  # the HangWatch, set by wiring.build_consumer
 
     def progress(self) -> Progress | None:
@@ -226,8 +221,8 @@ class RemoteHangs:
             return Progress(seen, None, False) if seen else None
         return latest._replace(ns=seen) if seen > latest.ns else latest
 
-    def arrived(self, batch: Batch) -> None:
-        for part in batch.parts:
+    def arrived(self, delivery: Delivery) -> None:
+        for part in delivery.parts:
             if part:
                 end = part.last_end() if isinstance(part, StepBlock) else part[-1].host_end
                 self.seen_ns = max(self.seen_ns, end)
@@ -265,7 +260,7 @@ class Agent:
         self.efficiency = EfficiencyTracker(
             settings, None, self.regions, settings.throughput_window, probe=self.probe
         )
-        self.efficiency.model_facts = (0, "fp32", None)  # until the first batch's
+        self.efficiency.model_facts = (0, "fp32", None)  # until the first delivery's
         self.hangs = RemoteHangs(out, self.source)
         consumer = build_consumer(
             settings, self.telemetry, self.source, self.efficiency, version, rank(), offset_ns,
@@ -292,7 +287,7 @@ class Agent:
         kind = message[0]
         if kind == wire.TEMPLATE:
             self.templates[message[1]] = message[2]
-        elif kind == wire.BATCH:
+        elif kind == wire.DELIVERY:
             _, _, _, _, regions, counts, probe_state, facts = message
             if facts is not None:
                 self.efficiency.model_facts = facts
@@ -302,9 +297,9 @@ class Agent:
                 if probe_state is not None:
                     self.probe.armed, self.probe.failed = probe_state
             self.regions.done.extend(regions)
-            batch = wire.decode_batch(message, self.templates)
-            self.hangs.arrived(batch)
-            self.source.push(batch)
+            delivery = wire.decode_delivery(message, self.templates)
+            self.hangs.arrived(delivery)
+            self.source.push(delivery)
         elif kind == wire.RAW:
             self.source.push_raw(message[1], message[2])
         elif kind == wire.RAW_BEGIN:

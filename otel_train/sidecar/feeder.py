@@ -6,7 +6,7 @@ few dozen entries (about every four steps of a plain loop) or a finished step wa
 C-level copy and a pickle); otherwise a pump takes what finished (processing/source.py:
 boundaries applied, CUDA events resolved when they completed) and encodes it (wire.py).
 Frames go to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER``
-bytes waiting, batches are dropped and counted. A small thread pumps when the training
+bytes waiting, deliveries are dropped and counted. A small thread pumps when the training
 thread has not for ``IDLE_PUMP_S`` (a pause, the end of training). Nothing here waits
 but :meth:`flush` and :meth:`close`, each bounded by its deadline.
 """
@@ -20,14 +20,13 @@ import time
 from typing import Any
 
 from ..identity import rank
-from ..processing.batch import StepBlock
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hang_details import LocalHangs, hang_label
-from ..processing.source import Batch, Counters, StepSource
-from ..recording.blocks import Template
-from ..recording.records import L_KIND
+from ..processing.source import Counters, Delivery, StepSource
+from ..recording.layouts import L_KIND
 from ..recording.regions import RegionLog
 from ..recording.scopes import B_BEGIN
+from ..recording.templates import Template
 from ..settings import ConfigError, Settings
 from . import wire
 from .handback import ConsoleHandback
@@ -38,7 +37,7 @@ from .relay import RelayIn
 _log = logging.getLogger("otel_train")
 PUMP_ENTRIES = 32  # log entries that make a pump due (a plain loop logs ~8 per step)
 PUMP_STEPS = 4  # finished steps that make a pump due (the CUDA path, no log)
-MAX_BUFFER = 8 << 20  # bytes waiting for the pipe before batches are dropped
+MAX_BUFFER = 8 << 20  # bytes waiting for the pipe before deliveries are dropped
 CONTROL_EVERY = 16  # pumps between reads of the sidecar's requests (a syscall each)
 WRITE_EVERY = 8  # pumps between writes to the pipe (a syscall each), unless WRITE_AT
 WRITE_AT = 32 << 10
@@ -153,7 +152,7 @@ class Feeder:
     def pump(self, idle: bool = False) -> None:
         """Hand every finished step to the sidecar (never waits)."""
         if not self._lock.acquire(blocking=False):
-            return  # another thread pumps now: what finished goes with its batch or the next
+            return  # another thread pumps now: what finished goes with its delivery or the next
         try:
             self._last_pump = time.monotonic()
             self._pump(write=idle)
@@ -174,11 +173,11 @@ class Feeder:
         if self.handover.raw and not final:
             self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
-            batch = self.source.take(derive=False, keep_partial=not final)
+            delivery = self.source.take(derive=False, keep_partial=not final)
             if not final:
                 with self.source.recorder._lock:
                     self.handover.try_enter()
-            self._send_batch(batch)
+            self._send_delivery(delivery)
         if write or self.process.queued >= WRITE_AT:
             self.process.write()
 
@@ -205,12 +204,12 @@ class Feeder:
                 memory_total=mem.total_bytes if mem is not None else None,
                 device_id=mem.device_id if mem is not None else None,
             )
-            self._send_batch(Batch(counters=counters))
+            self._send_delivery(Delivery(counters=counters))
 
     def _full(self) -> bool:
         return self.dead or self.process.queued > MAX_BUFFER
 
-    def _send_batch(self, batch: Batch) -> None:
+    def _send_delivery(self, delivery: Delivery) -> None:
         regions = self.regions.done
         taken_regions = [regions.popleft() for _ in range(len(regions))]
         probe = self.efficiency.probe
@@ -220,13 +219,13 @@ class Feeder:
             while probe.results:
                 counts.append(probe.results.popleft())
             probe_state = (probe.armed, probe.failed)
-        n = sum(p.k if isinstance(p, StepBlock) else len(p) for p in batch.parts)
+        n = delivery.step_count()
         if self._full():
             self.dropped_steps += n
             return
-        encoded = wire.encode_parts(batch.parts, self._template_key)
-        counters = wire.encode_counters(batch.counters, self.dropped_steps)
-        self.process.send((wire.BATCH, encoded, batch.scalars, counters, taken_regions,
+        encoded = wire.encode_parts(delivery.parts, self._template_key)
+        counters = wire.encode_counters(delivery.counters, self.dropped_steps)
+        self.process.send((wire.DELIVERY, encoded, delivery.scalars, counters, taken_regions,
                            counts, probe_state, self._facts_if_new()))  # fmt: skip
         self.steps_sent += n
 
@@ -243,7 +242,7 @@ class Feeder:
     def _facts_if_new(self) -> Any:
         rec = self.source.recorder
         cuda = rec.memory is not None or rec._cuda
-        hint = rec.precision_hint  # (an adapter may see autocast after the first batch)
+        hint = rec.precision_hint  # (an adapter may see autocast after the first step)
         if (
             self._facts is not None
             and (self._facts[2] is not None or not cuda)
@@ -263,7 +262,7 @@ class Feeder:
             self.process.send((wire.FIRST, index))
 
     def note_model(self) -> None:
-        """A model was added: its facts go with the next batch."""
+        """A model was added: its facts go with the next delivery."""
         self._facts = None
 
     def _read_control(self) -> None:

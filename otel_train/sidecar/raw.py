@@ -26,8 +26,8 @@ import collections
 from itertools import islice
 from typing import Any
 
+from ..recording.layouts import newest_time
 from ..recording.recorder import Recorder
-from ..recording.records import newest_time
 from . import wire
 
 MAX_UNAPPLIED = 1 << 18  # past this (the sidecar stopped reporting), catch up here

@@ -5,12 +5,12 @@ Training process -> sidecar (its stdin), one frame each:
 
 - ``(HELLO, settings, version, offset_ns, parent_pid, record plan or None)`` first;
 - ``(TEMPLATE, key, template)`` before the first block of a step shape;
-- ``(BATCH, parts, scalars, counters, regions, counts, probe_state, facts)``:
+- ``(DELIVERY, parts, scalars, counters, regions, counts, probe_state, facts)``:
   finished steps (``parts``) with what goes beside them;
 - ``(RAW, session, entries)``: log entries as they are (most messages of a plain loop);
 - ``(RAW_BEGIN, session, next_index, step_stack_token)``, ``(RAW_END, session)``;
 - ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
-  earlier batch is in the metrics and its spans are exported (or at the timeout);
+  earlier delivery is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
 - ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``;
 - ``(PROGRESS, progress)``: the training thread's latest boundary (processing/hangs.py's
@@ -39,15 +39,15 @@ import pickle
 import struct
 from typing import Any
 
-from ..processing.batch import StepBlock
+from ..processing.blocks import StepBlock
 from ..processing.resolved import ResolvedStep
-from ..processing.source import Batch, Counters, Part
-from ..recording.blocks import Template
+from ..processing.source import Counters, Delivery, Part
+from ..recording.layouts import MainPhaseStack, PhaseStack
 from ..recording.links import StepLink
-from ..recording.records import MainPhaseStack, PhaseStack
+from ..recording.templates import Template
 from ..recording.tokens import Consumed
 
-HELLO, TEMPLATE, BATCH, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
+HELLO, TEMPLATE, DELIVERY, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
 READY, FAILED = range(11, 13)
 FIRST = 13
 CONSOLE_TO, CONSOLE = 14, 15
@@ -163,6 +163,6 @@ def encode_counters(c: Counters, dropped_handover: int) -> dict[str, Any]:
     return out
 
 
-def decode_batch(message: tuple[Any, ...], templates: dict[Any, Template]) -> Batch:
+def decode_delivery(message: tuple[Any, ...], templates: dict[Any, Template]) -> Delivery:
     _, parts, scalars, counters, *_ = message
-    return Batch(decode_parts(parts or [], templates), scalars, Counters(**counters))
+    return Delivery(decode_parts(parts or [], templates), scalars, Counters(**counters))

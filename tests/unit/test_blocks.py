@@ -1,4 +1,4 @@
-"""Recognised steps taken as blocks (recording/blocks.py) give what the replay gives.
+"""Recognised steps taken as blocks (recording/templates.py) give what the replay gives.
 
 One real instrumented loop logs its boundaries with the worker stopped. The same log,
 times included, is then processed twice: by a worker that takes blocks and by one that

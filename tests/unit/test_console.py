@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from otel_train.processing.batch import group_steps
+from otel_train.processing.blocks import group_steps
 from otel_train.processing.console import ConsoleReporter
 from otel_train.processing.resolved import ResolvedStep
 

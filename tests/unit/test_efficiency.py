@@ -522,7 +522,7 @@ class _CountedOnce:
 def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: float) -> None:
     """The summary gives the counting step's extra time over the typical step it was
     compared with, and says so plainly when the steps after it were slower."""
-    from otel_train.processing.batch import group_steps
+    from otel_train.processing.blocks import group_steps
     from otel_train.processing.console import fmt_seconds
     from otel_train.processing.efficiency import EfficiencyTracker
     from otel_train.processing.efficiency_lines import summary_lines

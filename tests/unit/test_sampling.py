@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_train.processing.batch import StepBlock, group_steps
+from otel_train.processing.blocks import StepBlock, group_steps
 from otel_train.processing.resolved import ResolvedStep
 from otel_train.processing.sampling import StepSampler
 

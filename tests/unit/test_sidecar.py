@@ -285,7 +285,7 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     whatever the pipe brings. Past the bound the oldest steps go, counted as the
     feeder's are (dropped{reason="sidecar"})."""
     from otel_train.processing.resolved import ResolvedStep
-    from otel_train.processing.source import Batch, Counters
+    from otel_train.processing.source import Counters, Delivery
     from otel_train.settings import Settings
     from otel_train.sidecar import agent
 
@@ -295,7 +295,7 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     for _ in range(50):  # 50 batches of 10 steps arrive before the worker takes any
         steps = [ResolvedStep(index + i, 0, 1) for i in range(10)]
         index += 10
-        source.push(Batch(parts=[steps], counters=Counters(dropped_handover=3)))
+        source.push(Delivery(parts=[steps], counters=Counters(dropped_handover=3)))
     batch = source.take()
     kept = [part.step(i).index for part in batch.parts for i in range(part.k)]
     assert kept == list(range(400, 500))  # the newest 100

@@ -1,11 +1,11 @@
-"""The shapes the recording core passes around: open steps, stack entries, phase rows
+"""The layouts the recording core passes around: open steps, stack entries, phase rows
 and deferred-log entries.
 
 The hot path builds plain lists and tuples, not objects, because a tuple costs the
 training thread less than an instance with attributes; the price is fields read by
 position. The index constants below name those positions once, for the recorder and for
-whoever reads its rows (the worker, the sidecar, blocks.py), so that a slot's meaning is
-looked up here rather than inferred from a bare number.
+whoever reads its rows (the worker, the sidecar, processing/blocks.py), so that a
+slot's meaning is looked up here rather than inferred from a bare number.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class Template:
         # User scalars recorded inside the step, and after it (``record()`` after the
         # optimizer step: they belong to no step)
         self.scalars, self.loose = scalars, loose
-        # The consumer side's view of its phases (processing/batch.py's Shape), made
+        # The consumer side's view of its phases (processing/blocks.py's Shape), made
         # there at its first block: nothing of that side is imported here.
         self.shape: Any = None
 

@@ -23,7 +23,7 @@ from operator import itemgetter, sub
 from typing import Any
 
 from ..recording.collectives import Waits
-from ..recording.records import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
 from ..recording.values import add_count
 from .resolved import ResolvedStep, scalar_value
 
@@ -153,7 +153,7 @@ class StepBlock:
         first: int,
         shape: Shape | None = None,
     ) -> None:
-        """A run of recognised steps: ``template`` (blocks.Template) and its k * m log
+        """A run of recognised steps: ``template`` (templates.Template) and its k * m log
         entries; the columns come later, off the recorder's lock (:meth:`columns`).
         (:meth:`of_steps` passes no template and the steps' ``shape``.)"""
         self.template = template
