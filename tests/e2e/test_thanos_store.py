@@ -46,21 +46,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The 2-rank job, and a time range both sides have finished writing."""
     job = run_ddp(stack, tmp_path_factory.mktemp("store-job"), ranks=2, slow=1)
-    steps = f'{c.prometheus_base_name(c.STEPS)}{{job="{job["service"]}"}}'
     score = f'job_rank:otel_train_straggler_score:min{{job="{job["service"]}"}}'
     poll(lambda: len(prom(stack, "/api/v1/query", query=score)["result"]) == 2, "the scores")
     time.sleep(3)  # the rules' records of the last samples (1 s groups)
     job["end"] = time.time()
 
     def caught_up() -> bool:
-        # Thanos has the newest samples when both sides give the same sums at the end.
-        at = {
-            "query": f"sum(last_over_time({steps}[1m])) + count({score})",
-            "time": str(job["end"]),
-        }
-        mine = prom(stack, "/api/v1/query", **at)["result"]
-        theirs = thanos(stack, "/api/v1/query", **at)["result"]
-        return bool(mine) and mine[0]["value"] == (theirs[0]["value"] if theirs else None)
+        # Thanos has the newest samples when every series of the job has, on both sides,
+        # its last sample at the same time (a count or a sum passes while one series'
+        # newest records are still on their way).
+        def newest(get: Any) -> dict[str, float]:
+            # A range selector as an instant query returns the raw samples, timestamps kept.
+            at = {"query": f'{{job="{job["service"]}"}}[1m]', "time": str(job["end"])}
+            return {
+                json.dumps(
+                    {k: v for k, v in r["metric"].items() if k not in STORE_LABELS},
+                    sort_keys=True,
+                ): max(t for t, _ in r.get("values", []) + r.get("histograms", []))
+                for r in get(stack, "/api/v1/query", **at)["result"]
+            }
+
+        mine = newest(prom)
+        return bool(mine) and mine == newest(thanos)
 
     poll(caught_up, "Thanos to hold what Prometheus holds", timeout=90)
     return job
