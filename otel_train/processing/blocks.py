@@ -17,6 +17,7 @@ Only the steps chosen for traces become :class:`~.resolved.ResolvedStep` objects
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter, sub
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..recording.collectives import Waits
 from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from ..recording.templates import Run, Template
 from ..recording.values import add_count
 from .resolved import ResolvedStep, scalar_value
 
@@ -33,6 +35,9 @@ _SAMPLES = itemgetter(3)
 _TOKENS = itemgetter(4)
 _PADDED = itemgetter(5)
 Column = list[int | None]  # one count per step of a block
+# Each recognised shape's Shape, made at its first block (weakly: a template goes when
+# its recorder or the sidecar's table lets it go)
+_TEMPLATE_SHAPES: weakref.WeakKeyDictionary[Template, Shape] = weakref.WeakKeyDictionary()
 
 
 class Shape:
@@ -148,23 +153,20 @@ class StepBlock:
 
     def __init__(
         self,
-        template: Any,
-        entries: list[tuple[Any, ...]],
+        shape: Shape,
         first: int,
-        shape: Shape | None = None,
+        k: int,
+        template: Template | None = None,
+        entries: list[tuple[Any, ...]] | None = None,
     ) -> None:
-        """A run of recognised steps: ``template`` (templates.Template) and its k * m log
-        entries; the columns come later, off the recorder's lock (:meth:`columns`).
-        (:meth:`of_steps` passes no template and the steps' ``shape``.)"""
+        """``k`` steps of ``shape`` from index ``first``: a run of recognised steps
+        (``template``, its k * m log entries; the columns come later, off the recorder's
+        lock: :meth:`columns`), or resolved steps (:meth:`of_steps`)."""
         self.template = template
-        if shape is None:
-            shape = template.shape
-            if shape is None:  # (made once per template: its first block)
-                shape = template.shape = Shape([r[:3] for r in template.rows])
-        self.shape: Shape = shape
-        self._entries = entries
+        self.shape = shape
+        self._entries = entries if entries is not None else []
         self.first = first
-        self.k = len(entries) // template.m if template is not None else 0
+        self.k = k
         self._steps: list[ResolvedStep] | None = None
         self.efficiency: EfficiencyColumns | None = None  # set by the efficiency tracker
         self._data: list[float] | None = None
@@ -175,13 +177,18 @@ class StepBlock:
         self.debug: list[int] = []  # steps with a debugging event (profiler, snapshot)
         self.device_seconds: list[float | None] | None = None
 
+    @classmethod
+    def of_run(cls, run: Run) -> StepBlock:
+        """A run of recognised steps as the log held them (templates.Run)."""
+        return cls(template_shape(run.template), run.first, run.k, run.template, run.entries)
+
     # -- resolved steps ------------------------------------------------------------------
 
     @classmethod
     def of_steps(cls, steps: list[ResolvedStep], shape: Shape) -> StepBlock:
         """Consecutive resolved steps that all have ``shape``."""
-        block = cls(None, [], steps[0].index, shape)
-        block.k, block._steps = len(steps), steps
+        block = cls(shape, steps[0].index, len(steps))
+        block._steps = steps
         block.starts = [s.host_start for s in steps]
         block.ends = [s.host_end for s in steps]
         block.seconds = [s.host_seconds for s in steps]
@@ -255,8 +262,7 @@ class StepBlock:
     ) -> StepBlock:
         """A block rebuilt from :meth:`take_raw`'s lists (in the sidecar's process);
         ``counts``: its samples, tokens and padded tokens columns."""
-        block = cls(template, [], first)
-        block.k = len(times) // template.m
+        block = cls(template_shape(template), first, template.steps_in(len(times)), template)
         block._times, block.scalars = times, scalars
         block.samples, block.tokens, block.padded = counts
         return block
@@ -364,6 +370,14 @@ def group_steps(steps: list[ResolvedStep], shapes: dict[Any, Shape]) -> list[Ste
     if run:
         out.append(StepBlock.of_steps(run, _shape(shapes, key)))
     return out
+
+
+def template_shape(template: Template) -> Shape:
+    """The Shape of a recognised step's template (made once per template)."""
+    shape = _TEMPLATE_SHAPES.get(template)
+    if shape is None:
+        shape = _TEMPLATE_SHAPES[template] = Shape([r[:3] for r in template.rows])
+    return shape
 
 
 def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:

@@ -76,7 +76,7 @@ class StepSource:
         for before, run in rec.drain_blocks(True) if keep_partial else rec.drain_blocks():
             if before:
                 parts.append([self._resolve(s) for s in before])
-            parts.append(StepBlock(run.template, run.entries, run.first))
+            parts.append(StepBlock.of_run(run))
         with on_device(rec.device):  # (this thread's queries: no context of its own)
             tail = self._take_resolved(keep_partial)
             delivery.scalars = self._loose_scalars()

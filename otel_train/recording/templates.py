@@ -41,14 +41,15 @@ class Run(NamedTuple):
     @property
     def k(self) -> int:
         """The steps in the run."""
-        return len(self.entries) // self.template.m
+        return self.template.steps_in(len(self.entries))
 
 
 class Template:
     """One step's shape, in entry positions (0 .. ``m`` - 1) of its run of boundaries."""
 
-    __slots__ = ("_repeated", "counts", "end", "kinds", "loose", "m", "mode",
-                 "rows", "scalars", "shape", "start")  # fmt: skip
+    # (weakly referable: the consumer side keeps its view of a shape in a weak cache)
+    __slots__ = ("__weakref__", "_repeated", "counts", "end", "kinds", "loose", "m", "mode",
+                 "rows", "scalars", "start")  # fmt: skip
 
     def __init__(
         self,
@@ -71,9 +72,10 @@ class Template:
         # User scalars recorded inside the step, and after it (``record()`` after the
         # optimizer step: they belong to no step)
         self.scalars, self.loose = scalars, loose
-        # The consumer side's view of its phases (processing/blocks.py's Shape), made
-        # there at its first block: nothing of that side is imported here.
-        self.shape: Any = None
+
+    def steps_in(self, entries: int) -> int:
+        """How many whole steps ``entries`` entries of this shape hold."""
+        return entries // self.m
 
     def match(self, kinds: list[Any], stacks: list[Any], i: int, stack: list[Any]) -> int:
         """How many whole steps of this shape the log holds from entry ``i`` (0 if none):
