@@ -134,8 +134,8 @@ def _shapes_run(
     batches: list[int], step_s: float, quiet: tuple[int, ...] = ()
 ) -> tuple[list[dict[str, Any]], Any, Any]:
     """Explicit steps of an MLP, one batch size each, each resolved before the next;
-    ``step_s``: time each step but those of index in ``quiet`` also sleeps. Returns (step spans' attributes, the probe
-    armed at the end, the efficiency tracker)."""
+    ``step_s``: time each step but those of index in ``quiet`` also sleeps. Returns
+    (step spans' attributes, the probe armed at the end, the efficiency tracker)."""
     sizes = (16, 32, 4)
     model = _mlp(sizes)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
