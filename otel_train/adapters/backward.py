@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
 
-_ACTIVE: list[Any] = []  # adapters (any object with a ``rec``) timing backward
+
+class _Held(NamedTuple):
+    """An adapter timing backward, and its calls at backward's end (looked up once)."""
+
+    owner: Any
+    ends: Callable[[], None] | None
+    after: Callable[[], None] | None
+
+
+_ACTIVE: list[_Held] = []  # adapters timing backward (see hold_backward)
 _ORIGINAL_BACKWARD: Callable[..., Any] | None = None
 _log = logging.getLogger("otel_train")
 
@@ -41,10 +50,11 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         # forward opened no step (see torch_loop._TimedForward): then backward opens it.
         # An adapter switched off (or standing aside: process_wide.py) takes no part.
         b = _BACKWARD
-        for adapter in _ACTIVE:
-            if adapter.rec.enabled and getattr(adapter, "active", True):
-                rec, owner = adapter.rec, adapter
-                if getattr(adapter, "compiled", False):
+        for held in _ACTIVE:
+            adapter = held.owner
+            if adapter.rec.enabled and adapter.active:
+                rec, owner = adapter.rec, held
+                if adapter.compiled:
                     b = _BACKWARD_OPENS
                     rec.compiled_seen = True  # (FLOP counting steps aside)
         if rec is not None:
@@ -60,13 +70,12 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         _exit_backward(rec, err)
         raise
     try:
-        ending = getattr(owner, "backward_ends", None)
-        if ending is not None:
-            ending()  # (what the backward waited for at its end: DDP's all-reduce, ddp.py)
+        assert owner is not None
+        if owner.ends is not None:
+            owner.ends()  # (what the backward waited for at its end: DDP's all-reduce, ddp.py)
         rec.transition(_BACKWARD_END)
-        after = getattr(owner, "after_backward", None)
-        if after is not None:
-            after()  # (the process-wide adapter arms its forward hook again)
+        if owner.after is not None:
+            owner.after()  # (the process-wide adapter arms its forward hook again)
     except Exception:
         _log.exception("otel-train: timing backward failed")
     return result
@@ -82,17 +91,20 @@ def _exit_backward(rec: Recorder, err: BaseException) -> None:
 def hold_backward(owner: Any) -> Callable[[], None]:
     """Time ``torch.autograd.backward`` as a ``backward`` phase for an adapter.
 
-    ``owner`` needs a ``rec`` (the session's Recorder), and may have ``compiled`` (its
-    model's forward ran under torch.compile, so backward opens the step): while it has
-    an open step, backward closes an open ``forward`` and becomes a phase. Returns the
-    undo (idempotent).
+    ``owner`` needs a ``rec`` (the session's Recorder), ``active`` (False: it is off)
+    and ``compiled`` (its model's forward ran under torch.compile, so backward opens
+    the step), and may have ``backward_ends()`` (called before backward's end) and
+    ``after_backward()`` (after it): while it has an open step, backward closes an open
+    ``forward`` and becomes a phase. Returns the undo (idempotent).
     """
-    _ACTIVE.append(owner)
+    ends, after = getattr(owner, "backward_ends", None), getattr(owner, "after_backward", None)
+    held = _Held(owner, ends, after)
+    _ACTIVE.append(held)
     _install_backward_patch()
 
     def release() -> None:
-        if owner in _ACTIVE:
-            _ACTIVE.remove(owner)
+        if held in _ACTIVE:
+            _ACTIVE.remove(held)
         _remove_backward_patch()
 
     return release

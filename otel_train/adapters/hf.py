@@ -125,6 +125,7 @@ class HFTrainerAdapter:
         self.counter = user_counter(counter) if counter is not None else batch_counts
         self.active = True
         self.in_step = False
+        self.compiled = False  # (read by the backward wrapper: its forwards run eagerly)
         self.accumulating = False
         self.hooked: Any = None
         self.hook_handle: Any = None

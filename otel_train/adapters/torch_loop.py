@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..recording.precision import autocast_label
-from ..recording.recorder import ADAPTER, Recorder, boundary
+from ..recording.recorder import ADAPTER, DATA_FETCHED, Recorder, boundary
 from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
@@ -130,7 +130,7 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
             rec.transition(_DATA_END)
             adapter.hold(samples, tokens, padded)
         else:
-            rec.data_fetched(t, samples, tokens, padded)
+            rec.counted_transition(DATA_FETCHED, samples, tokens, padded, t)  # (one call)
     except Exception:
         _log.exception("otel-train: timing a data fetch failed")
     return batch

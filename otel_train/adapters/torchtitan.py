@@ -81,6 +81,7 @@ class TitanAdapter:
         self.rec: Recorder = inst.session.recorder  # read by the backward wrapper
         self.counter = counter
         self.active = True
+        self.compiled = False  # (read by the backward wrapper: its forwards run eagerly)
         self.enter_data = guarded(inst, self._enter_data)
         self.exit_data = guarded(inst, self._exit_data)
 

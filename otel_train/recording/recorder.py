@@ -336,8 +336,19 @@ class Recorder(TraceEntries):
             self._disabled()
             return
         try:
+            if self._defer:  # (the forward that consumes held batches: once per step)
+                tls = self._tls
+                try:
+                    stack = tls.stack
+                except AttributeError:
+                    stack = tls.stack = new_stack()
+                log = self._log
+                log.append((stack, t or perf_counter_ns(), b, samples, tokens, padded))
+                if len(log) > self._log_limit:
+                    self._on_full()
+                return
             entry = (self._tls_stack(), t or perf_counter_ns(), b, samples, tokens, padded)
-            self._record(entry, self._defer)
+            self._record(entry, False)
         except Exception:
             self._fail()
 
