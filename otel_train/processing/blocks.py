@@ -177,6 +177,12 @@ class StepBlock:
         self.debug: list[int] = []  # steps with a debugging event (profiler, snapshot)
         self.device_seconds: list[float | None] | None = None
 
+    @property
+    def recognised(self) -> Template:
+        """The shape of a block of recognised steps (what their columns derive from)."""
+        assert self.template is not None, "a block of resolved steps has no template"
+        return self.template
+
     @classmethod
     def of_run(cls, run: Run) -> StepBlock:
         """A run of recognised steps as the log held them (templates.Run)."""
@@ -217,7 +223,8 @@ class StepBlock:
             return
         if self._entries:
             self.take_raw()
-        tpl, m = self.template, self.template.m
+        tpl = self.recognised
+        m = tpl.m
         times = self._times
         starts = self.starts = times[tpl.start :: m]
         ends = self.ends = times[tpl.end :: m]
@@ -235,7 +242,8 @@ class StepBlock:
     def take_raw(self) -> tuple[list[int], Column, Column, Column, Any]:
         """What the columns derive from, in plain lists (the log entries are let go):
         every entry's time, each step's samples, tokens, padded tokens and scalars."""
-        tpl, m = self.template, self.template.m
+        tpl = self.recognised
+        m = tpl.m
         self._times = list(map(_TIME, self._entries))
         self.samples, self.tokens, self.padded = self._counts()
         # Each step's scalars, resolved as the worker resolves a replayed step's.
@@ -269,11 +277,12 @@ class StepBlock:
 
     def last_end(self) -> int:
         """When the block's last step ended (host ns; a block from :meth:`from_raw`)."""
-        tpl = self.template
+        tpl = self.recognised
         return int(self._times[(self.k - 1) * tpl.m + tpl.end])
 
     def _counts(self) -> tuple[Column, Column, Column]:
-        tpl, m = self.template, self.template.m
+        tpl = self.recognised
+        m = tpl.m
         if not tpl.counts:
             none: Column = [None] * self.k
             return none, list(none), list(none)
@@ -329,7 +338,8 @@ class StepBlock:
         return rs
 
     def _built(self, i: int) -> ResolvedStep:
-        tpl, m = self.template, self.template.m
+        tpl = self.recognised
+        m = tpl.m
         rs = ResolvedStep(self.first + i, self.starts[i], self.ends[i])
         rs.samples, rs.tokens, rs.padded = self.samples[i], self.tokens[i], self.padded[i]
         times = self._times

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..settings import Settings
 from .layouts import (
@@ -43,20 +43,30 @@ if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
 
 
+class Unapplied(Protocol):
+    """Whoever takes entries off the log to send them on unapplied (the sidecar's raw
+    hand-over, sidecar/raw.py): while ``raw`` is true this recorder's state lags those
+    entries, and ``leave_raw()`` (the lock held) applies them here first."""
+
+    raw: bool
+
+    def leave_raw(self) -> None: ...
+
+
 class DeferredLog(PhaseMachine):
     """The phase machine behind a log: entries are applied in order, by whoever needs
     the state first, and recognised steps leave it as blocks."""
 
     def __init__(
-        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+        self, settings: Settings, replay_only: bool = False, debug: DebugHooks | None = None
     ) -> None:
-        super().__init__(settings, replica, debug)
+        super().__init__(settings, replay_only, debug)
         # Deferred boundaries, counts and scalars; their shapes are listed in _replay.
         self._log: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.RLock()  # the state machine runs on one thread at a time
-        # The sidecar's raw handover (sidecar/raw.py) while the log goes out unapplied:
-        # anything that needs this recorder's state has it catch up first.
-        self.handover: Any = None
+        # Who takes the log unapplied, if anyone: anything that needs this recorder's
+        # state has it catch up first.
+        self.handover: Unapplied | None = None
         self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
         # The newest entry time that left the log or the queue (progress_ns).
         self.progress_floor = 0
@@ -219,8 +229,9 @@ class DeferredLog(PhaseMachine):
 
     def _catch_up(self) -> None:
         """Apply here what went to the sidecar unapplied (the lock is held)."""
-        if self._raw_out():
-            self.handover.leave_raw()
+        handover = self.handover
+        if handover is not None and handover.raw:
+            handover.leave_raw()
 
     def on_backlog(self, take: Any, entries: int, steps: int) -> None:
         """Call ``take()`` (on the recording thread, with no lock held) once the log holds

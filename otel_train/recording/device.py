@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 def import_torch() -> None:
     """Import torch for the pool and :func:`on_device`: a recorder of the training
-    process does when it is built (machine.py); the sidecar's replica, which records no
-    event and binds no device, does not, and the sidecar never imports torch."""
+    process does when it is built (machine.py); a replay-only one (the sidecar's), which
+    records no event and binds no device, does not, and the sidecar never imports torch."""
     global torch
     import torch
 

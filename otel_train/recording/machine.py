@@ -57,9 +57,9 @@ _log = logging.getLogger("otel_train")
 
 def _import_torch() -> None:
     """Import torch for the device paths here, in device.py and in values.py. A recorder
-    of the training process does when it is built; a replica, which only replays logs
-    (it never times the device or takes a value from the user), does not, so the sidecar
-    never imports torch. (Bound as each module's global, the hot paths read ``torch``
+    of the training process does when it is built; a replay-only one, which only replays
+    logs (it never times the device or takes a value from the user), does not, so the
+    sidecar never imports torch. (Bound as each module's global, the hot paths read ``torch``
     as they would a module-level import.)"""
     global torch
     import torch
@@ -87,9 +87,9 @@ class StepMachine:
     """The recorder's state and its step transitions (phases: phases.py)."""
 
     def __init__(
-        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+        self, settings: Settings, replay_only: bool = False, debug: DebugHooks | None = None
     ) -> None:
-        """``replica``: a machine that only replays logs and never times the device (the
+        """``replay_only``: a machine that only replays logs and never times the device (the
         sidecar's copy, the scratch machine of shapes.py); ``debug``: the profiler
         window / memory snapshot hooks, when one is on."""
         self.settings = settings
@@ -104,7 +104,7 @@ class StepMachine:
         # The CUDA device events and memory figures are taken on: the model's (bind_device),
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
-        self._want_cuda = not replica and _times_the_device(settings)
+        self._want_cuda = not replay_only and _times_the_device(settings)
         self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (processing/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
@@ -373,7 +373,7 @@ class StepMachine:
         return dropped
 
     def reset_background(self) -> None:
-        """Forget background trees (the sidecar's replica, when the training process
+        """Forget background trees (a replay-only recorder's, when the training process
         takes its state back: it replays them itself)."""
         self._orphans.clear()
         self.background_open = 0

@@ -111,11 +111,11 @@ class Recorder(TraceEntries):
     """
 
     def __init__(
-        self, settings: Settings, replica: bool = False, debug: DebugHooks | None = None
+        self, settings: Settings, replay_only: bool = False, debug: DebugHooks | None = None
     ) -> None:
-        """``replica``: the sidecar's copy, which only replays logs shipped to it;
+        """``replay_only``: a recorder that only replays logs handed to it (the sidecar's);
         ``debug``: the debugging components' step hooks (no deferral while one is on)."""
-        super().__init__(settings, replica, debug)
+        super().__init__(settings, replay_only, debug)
         self._scopes: dict[str, PhaseScope] = {}
         self._scalar_names: set[str] = set()
         self._user_scalars: set[str] = set()  # names record_scalars was given: the user's

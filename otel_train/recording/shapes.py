@@ -100,7 +100,7 @@ class StepShapes:
         """Replay kinds ``i`` .. ``end`` until a step closes: its shape; False if more may
         follow (the log ends with the scalars after it); None if no single clean step
         came out."""
-        scratch = PhaseMachine(self.settings, replica=True)  # (positions for times)
+        scratch = PhaseMachine(self.settings, replay_only=True)  # (positions for times)
         scratch_stack: list[Any] = []
         counts: list[int] = []
         scalars: list[int] = []

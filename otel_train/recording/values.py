@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 def import_torch() -> None:
     """Import torch for :func:`clean_count` and :func:`raw_scalar`: a recorder of the
-    training process does when it is built (machine.py); the sidecar's replica, which
-    never takes a value from the user, does not, and the sidecar never imports torch."""
+    training process does when it is built (machine.py); a replay-only one (the
+    sidecar's), which never takes a value from the user, does not, and the sidecar never
+    imports torch."""
     global torch
     import torch
 

@@ -62,7 +62,7 @@ class RemoteSource:
         self.disabled = False
         self._out = out
         self._lock = threading.Lock()
-        self.replica = Recorder(settings, replica=True)
+        self.replica = Recorder(settings, replay_only=True)
         self._replica_source = StepSource(self.replica)
         self.session: int | None = None
         self._appended = 0  # entries of this raw session appended to the replica's log
