@@ -106,8 +106,9 @@ class Recorder(TraceEntries):
     recording instead of reaching the training loop. The guard is written out in each
     method rather than wrapped around them: a wrapping decorator adds a call with packed
     arguments to every hook (counted under callgrind: ~70% more instructions for a
-    deferred boundary), and :meth:`transition`, the most frequent hook, keeps the logging
-    half of ``_record`` inline for the same reason (one call more: ~15%).
+    deferred boundary), and :meth:`transition` and :meth:`counted_transition` (every
+    adapter boundary of a plain loop: seven per step) keep the logging half of
+    ``_record`` inline for the same reason (one call more: ~15%).
     """
 
     def __init__(
