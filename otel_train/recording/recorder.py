@@ -106,9 +106,8 @@ class Recorder(TraceEntries):
     recording instead of reaching the training loop. The guard is written out in each
     method rather than wrapped around them: a wrapping decorator adds a call with packed
     arguments to every hook (counted under callgrind: ~70% more instructions for a
-    deferred boundary), and :meth:`transition` and :meth:`counted_transition` (every
-    adapter boundary of a plain loop: seven per step) keep the logging half of
-    ``_record`` inline for the same reason (one call more: ~15%).
+    deferred boundary), and :meth:`transition`, the most frequent hook, keeps the logging
+    half of ``_record`` inline for the same reason (one call more: ~15%).
     """
 
     def __init__(
@@ -337,19 +336,8 @@ class Recorder(TraceEntries):
             self._disabled()
             return
         try:
-            if self._defer:  # (the forward that consumes held batches: once per step)
-                tls = self._tls
-                try:
-                    stack = tls.stack
-                except AttributeError:
-                    stack = tls.stack = new_stack()
-                log = self._log
-                log.append((stack, t or perf_counter_ns(), b, samples, tokens, padded))
-                if len(log) > self._log_limit:
-                    self._on_full()
-                return
             entry = (self._tls_stack(), t or perf_counter_ns(), b, samples, tokens, padded)
-            self._record(entry, False)
+            self._record(entry, self._defer)
         except Exception:
             self._fail()
 

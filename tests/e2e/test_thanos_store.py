@@ -59,10 +59,7 @@ def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             # A range selector as an instant query returns the raw samples, timestamps kept.
             at = {"query": f'{{job="{job["service"]}"}}[1m]', "time": str(job["end"])}
             return {
-                json.dumps(
-                    {k: v for k, v in r["metric"].items() if k not in STORE_LABELS},
-                    sort_keys=True,
-                ): max(t for t, _ in r.get("values", []) + r.get("histograms", []))
+                series_key(r): max(t for t, _ in r.get("values", []) + r.get("histograms", []))
                 for r in get(stack, "/api/v1/query", **at)["result"]
             }
 
@@ -81,11 +78,16 @@ def range_query(get: Any, stack: Any, expr: str, run: dict[str, Any]) -> dict[st
     span = {"start": str(run["start"] - 5), "end": str(run["end"]), "step": "2"}
     out = {}
     for r in get(stack, "/api/v1/query_range", query=query, **span)["result"]:
-        labels = {k: v for k, v in r["metric"].items() if k not in STORE_LABELS}
         points = [(t, float(v)) for t, v in r.get("values", [])]
         points += [(t, json.dumps(h, sort_keys=True)) for t, h in r.get("histograms", [])]
-        out[json.dumps(labels, sort_keys=True)] = points
+        out[series_key(r)] = points
     return out
+
+
+def series_key(result: dict[str, Any]) -> str:
+    """A query result's series as a key: its labels, the store's own left out."""
+    labels = {k: v for k, v in result["metric"].items() if k not in STORE_LABELS}
+    return json.dumps(labels, sort_keys=True)
 
 
 def same(a: Any, b: Any) -> bool:
