@@ -67,20 +67,25 @@ def main() -> None:
 
     t0 = time.perf_counter()
 
-    def rss() -> int:
-        """This process's RSS plus the sidecar's (where the span queue lives), if any."""
-        total = rss_bytes()
+    def rss() -> tuple[int, int]:
+        """This process's RSS and the sidecar's (where the span queue lives), if any, once
+        the sidecar has taken what was sent (a bounded flush: it answers at its deadline
+        with the Collector down). Read from /proc: a flush answered late leaves the
+        feeder's figures stale."""
+        sidecar = 0
         if session.feeder is not None:
             otel_train.flush(2.0)
-            total += int(session.feeder.stats.get("rss_bytes", 0))
-        return total
+            sidecar = rss_bytes(session.feeder.proc.pid)
+        return rss_bytes(), sidecar
 
     run(args.warmup)
     time.sleep(1.0)  # let the worker and exporters settle into the outage
-    rss0 = rss()
+    own0, side0 = rss()
+    rss0 = own0 + side0
     run(args.steps)
     time.sleep(1.0)
-    rss1 = rss()
+    own1, side1 = rss()
+    rss1 = own1 + side1
     elapsed = time.perf_counter() - t0
     drops = session.export_drops()
     drops["queue_full"] = session.recorder.dropped_steps
@@ -95,6 +100,8 @@ def main() -> None:
                 "rss_after_warmup_mib": round(rss0 / 2**20, 1),
                 "rss_at_end_mib": round(rss1 / 2**20, 1),
                 "rss_growth_mib": round((rss1 - rss0) / 2**20, 2),
+                "growth_training_mib": round((own1 - own0) / 2**20, 2),
+                "growth_sidecar_mib": round((side1 - side0) / 2**20, 2),
                 "run_s": round(elapsed, 1),
                 "dropped": drops,
                 "shutdown_timeout_s": args.timeout,

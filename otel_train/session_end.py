@@ -29,14 +29,7 @@ def flush(session: Any, timeout_s: float) -> bool:
         return False
     deadline = time.monotonic() + timeout_s
     session.worker.process()
-    ok = True
-    t = session.telemetry
-    for provider in (t.tracer_provider, t.meter_provider, t.logger_provider):
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        flush = getattr(provider, "force_flush", None)
-        if flush is not None:
-            ok = left_ms > 0 and flush(left_ms) is not False and ok
-    return ok
+    return bool(session.telemetry.flush(deadline))
 
 
 def shutdown(session: Any, timeout_s: float | None = None) -> bool:

@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -92,6 +93,12 @@ class Telemetry:
             counts["run_record"] = queue + sum(f.dropped for f in self.record_files)
         return counts
 
+    def flush(self, deadline: float) -> bool:
+        """Its providers' own flush by ``deadline`` (monotonic seconds); True if done."""
+        return flush_providers(
+            (self.tracer_provider, self.meter_provider, self.logger_provider), deadline
+        )
+
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and close what otel-train built, within ``timeout_s``; True if in time."""
         if self.prometheus_server is not None:
@@ -134,6 +141,25 @@ class Telemetry:
         if in_time and self.health is not None:
             self.health.detach()  # else it keeps the abandoned exporters' last words quiet
         return in_time
+
+
+def flush_providers(providers: Iterable[Any], deadline: float) -> bool:
+    """Each provider's ``force_flush`` within what is left of ``deadline`` (monotonic
+    seconds); True if every one said done. One that raises counts as not done: the SDK's
+    meter provider raises when a reader timed out (the collector down), and a flush must
+    not raise into the caller's loop or kill the thread it runs on."""
+    ok = True
+    for provider in providers:
+        force = getattr(provider, "force_flush", None)
+        if force is None:
+            continue
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        try:
+            ok = left_ms > 0 and force(left_ms) is not False and ok
+        except Exception:
+            _log.debug("otel-train: flushing %s failed", type(provider).__name__, exc_info=True)
+            ok = False
+    return ok
 
 
 def _is_sdk_tracer_provider(tp: Any) -> bool:

@@ -78,6 +78,11 @@ class DeferredLog(PhaseMachine):
         # unless on_backlog() named a taker (the sidecar's feeder, on this thread).
         self._log_limit = MAX_LOG
         self._on_full: Any = self.settle
+        # Where drain_blocks() last left this machine idle, when marks_idle is set (the
+        # sidecar's replica: the training process lets go of what it sent up to there):
+        # (entries taken since, next step index, step stack), or None if it never was.
+        self.marks_idle = False
+        self.idle_mark: tuple[int, int, Any] | None = None
 
     # -- what turns deferral off -------------------------------------------------------
 
@@ -354,9 +359,12 @@ class DeferredLog(PhaseMachine):
             kinds: list[Any] = []
             stacks: list[Any] = []
             shapes = self._shapes
+            marks, self.idle_mark = self.marks_idle, None
             i = 0
             try:
                 while i < n:
+                    if marks and self._is_idle():
+                        self.idle_mark = (i, self._next_index, self.step_stack)
                     item = entries[i]
                     if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
                         stack = item[L_STACK]
@@ -371,7 +379,8 @@ class DeferredLog(PhaseMachine):
                                 stacks = list(map(STACK, entries))
                             if keep_partial and shapes.partial_at(kinds, stacks, i):
                                 log.extendleft(reversed(entries[i:]))
-                                return out
+                                n = i  # (the rest waits in the log)
+                                break
                             k, tpl = shapes.block_at(entries, kinds, stacks, i)
                             if k:
                                 assert tpl is not None
@@ -379,10 +388,24 @@ class DeferredLog(PhaseMachine):
                                 continue
                     self._replay(item)
                     i += 1
+                if marks and self._is_idle():
+                    self.idle_mark = (n, self._next_index, self.step_stack)
+                if self.idle_mark is not None:  # (as entries applied after that point)
+                    self.idle_mark = (n - self.idle_mark[0], *self.idle_mark[1:])
             except Exception:
                 log.clear()
                 self._fail()
         return out
+
+    def _is_idle(self) -> bool:
+        """No step, phase or background tree open, none waiting to join a step."""
+        return not (
+            self._current is not None
+            or self._scoped
+            or self.background_open
+            or self._orphans
+            or self.step_stack
+        )
 
     def _take_block(
         self,

@@ -45,9 +45,16 @@ NICE = 10  # the sidecar's niceness: CFS gives a nice-0 trainer ~90% of a shared
 REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
 # Finished steps received and not yet taken by the worker: past this many the oldest
 # deliveries are dropped and counted (dropped{reason="sidecar"}), as the training process's
-# feeder drops what its pipe cannot take. About 3 s of a 5k steps/s loop; a worker that
-# keeps up holds one tick's worth (~0.1 s).
-MAX_HELD_STEPS = 16384
+# feeder drops what its pipe cannot take. A worker that keeps up takes a backlog every
+# 50 ms once 64 deliveries wait (250 steps of a 5k steps/s loop); each held step is ~1.5
+# KiB as a resolved step, and 16384 of them broke the collector-down memory bound.
+MAX_HELD_STEPS = 1024
+# Raw entries waiting in the replica's log: past this many they are applied at once, not
+# at the next REPORT_S (a backlog read from the pipe would otherwise wait here whole).
+MAX_RAW_WAITING = 4096
+# Bytes read from the pipe at a time: what is read is decoded before it is applied, so a
+# backlog in the pipe (1 MiB) read at once held every entry in it as objects here.
+READ_BYTES = 1 << 16
 
 
 class RemoteSource:
@@ -63,9 +70,11 @@ class RemoteSource:
         self._out = out
         self._lock = threading.Lock()
         self.replica = Recorder(settings, replay_only=True)
+        self.replica.marks_idle = True
         self._replica_source = StepSource(self.replica)
         self.session: int | None = None
         self._appended = 0  # entries of this raw session appended to the replica's log
+        self._reported = 0  # the last idle point of this raw session reported
         self._drained = 0.0
         self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
 
@@ -96,7 +105,7 @@ class RemoteSource:
             # reports: apply and report every REPORT_S (not per message: this process's
             # CPU is the training node's too).
             now = time.monotonic()
-            if now - self._drained >= REPORT_S:
+            if now - self._drained >= REPORT_S or len(self.replica._log) >= MAX_RAW_WAITING:
                 self._drained = now
                 self._hold(self._replica_take(keep_partial=True))
                 self._report_idle()
@@ -111,7 +120,7 @@ class RemoteSource:
             rep = self.replica
             rep._next_index = next_index
             rep.step_stack = stack_of(token) if token is not None else None
-            self.session, self._appended = session, 0
+            self.session, self._appended, self._reported = session, 0, 0
 
     def raw_end(self, session: int) -> None:
         """The training process caught up: keep the steps the entries finished, drop the
@@ -153,16 +162,21 @@ class RemoteSource:
         return out
 
     def _report_idle(self) -> None:
+        """Tell the training process the last point of this raw session where the replica
+        was idle: it lets go of what it sent up to there (raw.py)."""
         rep = self.replica
-        if rep._current is not None or rep._scoped or rep.background_open or rep._orphans:
-            return  # (the training process could not take its state back from here)
-        stack = rep.step_stack
-        if stack:
-            return
+        mark = rep.idle_mark
+        if mark is None:
+            return  # (no idle point in what was applied: the last one reported stands)
+        behind, next_index, stack = mark
+        rep.idle_mark = None
         tokens = {id(v): k for k, v in replica_stacks().items()}
-        position = self._appended - len(rep._log)
+        position = self._appended - len(rep._log) - behind
+        if position <= self._reported:
+            return
+        self._reported = position
         token = tokens.get(id(stack)) if stack is not None else None
-        self._out((wire.IDLE, self.session, position, rep._next_index, token))
+        self._out((wire.IDLE, self.session, position, next_index, token))
 
     def finish(self) -> None:
         """The end: apply what the replica still holds, a partial last step included."""
@@ -338,12 +352,7 @@ class Agent:
         result: list[bool] = []
 
         def force() -> None:
-            ok = True
-            for provider in (t.tracer_provider, t.meter_provider):
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if provider is not None:
-                    ok = left_ms > 0 and bool(provider.force_flush(left_ms)) and ok
-            result.append(ok)
+            result.append(t.flush(deadline))
 
         # The SDK's flush can outlive its timeout (retries while the collector is down):
         # this thread answers at the deadline and goes on reading the pipe.
@@ -433,7 +442,7 @@ def main() -> None:
     agent: Agent | None = None
     in_time = True
     while True:
-        data = os.read(stdin, 1 << 20)
+        data = os.read(stdin, READ_BYTES)
         if not data:  # the training process ended without END: flush what arrived
             if agent is not None:
                 agent.end(agent.settings.shutdown_timeout)

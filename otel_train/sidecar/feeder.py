@@ -23,9 +23,7 @@ from ..identity import rank
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hang_details import LocalHangs, hang_label
 from ..processing.source import Counters, Delivery, StepSource
-from ..recording.layouts import L_KIND
 from ..recording.regions import RegionLog
-from ..recording.scopes import B_BEGIN
 from ..recording.templates import Template
 from ..settings import ConfigError, Settings
 from . import wire
@@ -79,7 +77,6 @@ class Feeder:
         self._templates: dict[int, int] = {}  # id(template) -> key sent
         self._template_refs: list[Template] = []  # kept alive: their ids stay unique
         self.dropped_steps = 0
-        self.dropped_entries = 0
         self._facts: Any = None
         self._hint: str | None = None  # the precision hint the facts were made with
         self.steps_sent = 0
@@ -170,11 +167,13 @@ class Feeder:
         if pumps % CONTROL_EVERY == 0:
             self._read_control()
         write = write or final or pumps % WRITE_EVERY == WRITE_PHASE
-        if self.handover.raw and not final:
+        # A full pipe ends a raw session: its entries cannot be dropped one by one (the
+        # sidecar's replica would miss them), its finished steps can (counted).
+        if self.handover.raw and not final and not self._full():
             self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
             delivery = self.source.take(derive=False, keep_partial=not final)
-            if not final:
+            if not final and not self._full():
                 with self.source.recorder._lock:
                     self.handover.try_enter()
             self._send_delivery(delivery)
@@ -186,14 +185,7 @@ class Feeder:
         with self.source.recorder._lock:
             raw = self.handover.take()
         if raw is not None:
-            if self._full():
-                self.dropped_entries += len(raw[1])
-                # (steps begun in them: boundaries that may open one)
-                self.dropped_steps += sum(
-                    1 for e in raw[1] if e[L_KIND].__class__ is tuple and e[L_KIND][B_BEGIN]
-                )
-            else:
-                self.process.send((wire.RAW, raw[0], raw[1]))
+            self.process.send((wire.RAW, raw[0], raw[1]))
         if extras:  # counters, regions, FLOP counts
             rec = self.source.recorder
             mem = rec.memory

@@ -30,7 +30,9 @@ from ..recording.layouts import newest_time
 from ..recording.recorder import Recorder
 from . import wire
 
-MAX_UNAPPLIED = 1 << 18  # past this (the sidecar stopped reporting), catch up here
+# Entries kept for a catch-up: past this many (the sidecar stopped acknowledging, or fell
+# a pipe's worth behind) the recorder catches up here and hands on finished steps.
+MAX_UNAPPLIED = 1 << 14
 RELEASE_PER_TAKE = 96  # acknowledged entries let go per take (a plain loop's takes ~40)
 
 
@@ -87,6 +89,9 @@ class RawHandover:
         n = len(log)
         if not n:
             return None
+        if len(self._unapplied) + n > MAX_UNAPPLIED:  # the sidecar fell far behind
+            self.leave_raw()  # (the log stays: the next pump applies it here)
+            return None
         entries = list(islice(iter(log.popleft, None), n))
         self.rec.note_progress(newest_time(entries))  # (the hang watch's progress)
         self._unapplied.extend(entries)
@@ -96,8 +101,6 @@ class RawHandover:
         stack = self.rec.step_stack
         if stack is not None:  # the idle points the sidecar reports name this stack
             self._stacks[id(stack)] = stack
-        if len(self._unapplied) > MAX_UNAPPLIED:
-            self.leave_raw()
         return self.session, entries
 
     def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:

@@ -46,6 +46,7 @@ from .. import contract as c
 from ..export.bridge import mirror_into
 from ..export.ids import id_choice
 from ..export.logs import logger_for
+from ..export.setup import flush_providers
 from ..processing.aggregate import MetricsAggregator
 from ..processing.hangs import event_record
 from ..processing.spans import SpanEmitter
@@ -219,13 +220,7 @@ class RelayIn:
     def flush(self, deadline: float) -> bool:
         """drain(), then the providers' own flush within what is left of ``deadline``."""
         self.drain(deadline)
-        ok = True
-        for provider in self._providers:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            force = getattr(provider, "force_flush", None)
-            if force is not None:
-                ok = left_ms > 0 and force(left_ms) is not False and ok
-        return ok
+        return flush_providers(self._providers, deadline)
 
     def _read(self) -> int:
         """Apply the frames in the pipe now; the number read."""

@@ -222,7 +222,7 @@ def test_training_goes_on_when_the_sidecar_dies(
     exited = [r for r in caplog.records if "sidecar process exited" in r.getMessage()]
     assert len(exited) == 1
     feeder = sess.feeder
-    assert feeder.dead and feeder.dropped_steps + feeder.dropped_entries > 0
+    assert feeder.dead and feeder.dropped_steps > 0  # (a full pipe ends raw sessions)
 
 
 def test_shutdown_keeps_its_deadline_with_the_sidecar_stopped(own_sdk: None) -> None:
