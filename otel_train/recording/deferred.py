@@ -41,6 +41,7 @@ from .templates import KIND, STACK, Run, Template
 
 if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
+    from .ring import Ring
 
 
 class Unapplied(Protocol):
@@ -83,6 +84,9 @@ class DeferredLog(PhaseMachine):
         # (entries taken since, next step index, step stack), or None if it never was.
         self.marks_idle = False
         self.idle_mark: tuple[int, int, Any] | None = None
+        # The shared-memory ring the hooks write to instead of the log, while a raw
+        # hand-over has one open (ring.py, sidecar/raw.py); None otherwise.
+        self._ring: Ring | None = None
 
     # -- what turns deferral off -------------------------------------------------------
 
@@ -204,6 +208,11 @@ class DeferredLog(PhaseMachine):
         before it, then hand finished steps on if enough wait (outside the lock: the
         taker may replay on this thread). The caller catches what this raises."""
         if defer:
+            ring = self._ring
+            if ring is not None:
+                if ring.put_entry(item):
+                    return
+                self.settle()  # (full: the sidecar fell behind. Catch up here first)
             log = self._log
             log.append(item)
             if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here

@@ -53,6 +53,7 @@ from .layouts import (
 from .links import UNSET
 from .scopes import (
     ADAPTER,
+    B_COUNTED,
     BUILT_WITH,
     CYCLE,
     DATA_FETCHED,
@@ -194,6 +195,26 @@ class Recorder(TraceEntries):
             self._record((self._tls_stack(), perf_counter_ns(), b), False)
         except Exception:
             self._fail()
+
+    # -- the ring's way back (ring.py): what its writer did not take ------------------
+
+    def refused_write(
+        self, b: Boundary, samples: int | None, tokens: int | None, padded: int | None, t: int
+    ) -> None:
+        """A boundary the ring's writer did not take (full, closed meanwhile, or
+        recording off): logged as without a ring, after catching up here if it is full
+        (the sidecar fell a ring behind)."""
+        ring = self._ring
+        if ring is not None and ring.writer.open:
+            self.settle()
+        if b[B_COUNTED]:
+            Recorder.counted_transition(self, b, samples, tokens, padded, t)
+        else:
+            Recorder.transition(self, b)
+
+    def ring_due(self) -> None:
+        """The ring's writer passed the position it was told to report: hand on now."""
+        self._on_full()
 
     # -- collectives (collectives.py): phases of their own, and what is in flight -------
 

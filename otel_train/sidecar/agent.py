@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -25,177 +24,24 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import Telemetry, build_own
-from ..processing.blocks import Shape, StepBlock
+from ..processing.blocks import StepBlock
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hangs import Progress
 from ..processing.instruments import rss_bytes
-from ..processing.source import Counters, Delivery, StepSource, finished
-from ..recording.recorder import Recorder
+from ..processing.source import Delivery
 from ..recording.regions import RegionLog
 from ..recording.templates import Template
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
 from .relay import METRICS_S, RelayEmitter, RelayLoggerProvider, RelayOut, send_metrics
-from .wire import replica_stacks, stack_of
+from .replica import RemoteSource
 
 _log = logging.getLogger("otel_train")
-_REPLICA = Counters()  # marks the replica's deliveries: the counters are the trainer's
 NICE = 10  # the sidecar's niceness: CFS gives a nice-0 trainer ~90% of a shared core
-REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
-# Finished steps received and not yet taken by the worker: past this many the oldest
-# deliveries are dropped and counted (dropped{reason="sidecar"}), as the training process's
-# feeder drops what its pipe cannot take. A worker that keeps up takes a backlog every
-# 50 ms once 64 deliveries wait (250 steps of a 5k steps/s loop); each held step is ~1.5
-# KiB as a resolved step, and 16384 of them broke the collector-down memory bound.
-MAX_HELD_STEPS = 1024
-# Raw entries waiting in the replica's log: past this many they are applied at once, not
-# at the next REPORT_S (a backlog read from the pipe would otherwise wait here whole).
-MAX_RAW_WAITING = 4096
 # Bytes read from the pipe at a time: what is read is decoded before it is applied, so a
 # backlog in the pipe (1 MiB) read at once held every entry in it as objects here.
 READ_BYTES = 1 << 16
-
-
-class RemoteSource:
-    """The worker's source here (source.py's interface): finished steps decoded from the
-    pipe, and a replica recorder applying the log entries sent raw (raw.py)."""
-
-    def __init__(self, settings: Any, out: Any) -> None:
-        self._deliveries: collections.deque[Delivery] = collections.deque()
-        self._held = 0  # finished steps in _deliveries
-        self.dropped = 0  # steps dropped for the bound (MAX_HELD_STEPS)
-        self.counters = Counters()
-        self.disabled = False
-        self._out = out
-        self._lock = threading.Lock()
-        self.replica = Recorder(settings, replay_only=True)
-        self.replica.marks_idle = True
-        self._replica_source = StepSource(self.replica)
-        self.session: int | None = None
-        self._appended = 0  # entries of this raw session appended to the replica's log
-        self._reported = 0  # the last idle point of this raw session reported
-        self._drained = 0.0
-        self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
-
-    def push(self, delivery: Delivery) -> None:
-        with self._lock:
-            if not self.disabled:
-                self._hold(delivery)
-
-    def _hold(self, delivery: Delivery) -> None:
-        """Keep a delivery for the worker, dropping the oldest past MAX_HELD_STEPS (lock
-        held): a worker that falls behind (this process yields its core to training)
-        must not hold an unbounded backlog."""
-        deliveries = self._deliveries
-        deliveries.append(delivery)
-        self._held += delivery.step_count()
-        while self._held > MAX_HELD_STEPS and len(deliveries) > 1:
-            n = deliveries.popleft().step_count()
-            self._held -= n
-            self.dropped += n
-
-    def push_raw(self, session: int, entries: list[Any]) -> None:
-        with self._lock:
-            if self.disabled or session != self.session:
-                return
-            self.replica._log.extend(entries)
-            self._appended += len(entries)
-            # The training process keeps what was sent since the last idle point this
-            # reports: apply and report every REPORT_S (not per message: this process's
-            # CPU is the training node's too).
-            now = time.monotonic()
-            if now - self._drained >= REPORT_S or len(self.replica._log) >= MAX_RAW_WAITING:
-                self._drained = now
-                self._hold(self._replica_take(keep_partial=True))
-                self._report_idle()
-
-    def _replica_take(self, keep_partial: bool) -> Delivery:
-        delivery = self._replica_source.take(derive=False, keep_partial=keep_partial)
-        delivery.counters = _REPLICA  # the replica's own are added in take()
-        return delivery
-
-    def raw_begin(self, session: int, next_index: int, token: Any) -> None:
-        with self._lock:
-            rep = self.replica
-            rep._next_index = next_index
-            rep.step_stack = stack_of(token) if token is not None else None
-            self.session, self._appended, self._reported = session, 0, 0
-
-    def raw_end(self, session: int) -> None:
-        """The training process caught up: keep the steps the entries finished, drop the
-        step they leave open (it goes on there)."""
-        with self._lock:
-            if session != self.session:
-                return
-            self._hold(self._replica_take(keep_partial=False))
-            rep = self.replica
-            rep._current = None
-            rep._scoped.clear()
-            rep.reset_background()
-            for stack in replica_stacks().values():
-                stack.clear()
-            self.session = None
-
-    def take(self) -> Delivery:
-        out = Delivery(counters=self.counters)
-        with self._lock:
-            if self.session is not None and self.replica._log:
-                self._hold(self._replica_take(keep_partial=True))
-                self._report_idle()
-            deliveries, self._deliveries = self._deliveries, collections.deque()
-            self._held = 0
-        extra = self.replica
-        for delivery in deliveries:
-            for part in delivery.parts:
-                if part:
-                    out.parts.extend(finished(part, self.shapes, out.remote))
-            out.scalars.extend(delivery.scalars)
-            if delivery.counters is not _REPLICA:
-                self.counters = delivery.counters
-        c = self.counters
-        out.counters = dataclasses.replace(
-            c,
-            dropped_phases=c.dropped_phases + extra.dropped_phases,
-            dropped_handover=c.dropped_handover + self.dropped,
-        )
-        return out
-
-    def _report_idle(self) -> None:
-        """Tell the training process the last point of this raw session where the replica
-        was idle: it lets go of what it sent up to there (raw.py)."""
-        rep = self.replica
-        mark = rep.idle_mark
-        if mark is None:
-            return  # (no idle point in what was applied: the last one reported stands)
-        behind, next_index, stack = mark
-        rep.idle_mark = None
-        tokens = {id(v): k for k, v in replica_stacks().items()}
-        position = self._appended - len(rep._log) - behind
-        if position <= self._reported:
-            return
-        self._reported = position
-        token = tokens.get(id(stack)) if stack is not None else None
-        self._out((wire.IDLE, self.session, position, next_index, token))
-
-    def finish(self) -> None:
-        """The end: apply what the replica still holds, a partial last step included."""
-        with self._lock:
-            if self.session is not None:
-                self._hold(self._replica_take(keep_partial=False))
-
-    def has_work(self) -> bool:
-        # (a partial step kept in the replica's log is not work until finish())
-        return bool(self._deliveries)
-
-    def backlog_due(self) -> bool:
-        return len(self._deliveries) >= 64
-
-    def disable(self) -> None:
-        with self._lock:
-            self.disabled = True
-            self._deliveries.clear()
-            self._held = 0
 
 
 class RemoteProbe:
@@ -266,7 +112,12 @@ class Agent:
             fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
             sock = socket.socket(fileno=int(fd)) if fd else None
             self.telemetry = build_own(settings, version, sock, record)
-        self.source = RemoteSource(settings, out)
+        ring = None
+        told = os.environ.get("OTEL_TRAIN_SIDECAR_RING")  # "fd:capacity" (process.py)
+        if told:
+            fd, capacity = told.split(":")
+            ring = (int(fd), int(capacity))
+        self.source = RemoteSource(settings, out, ring)
         self.templates: dict[int, Template] = {}
         self.regions = RegionLog()
         counting = settings.flops == "count" and settings.flops_per_step is None
@@ -314,8 +165,8 @@ class Agent:
             delivery = wire.decode_delivery(message, self.templates)
             self.hangs.arrived(delivery)
             self.source.push(delivery)
-        elif kind == wire.RAW:
-            self.source.push_raw(message[1], message[2])
+        elif kind == wire.RING:
+            self.source.ring(*message[1:])
         elif kind == wire.RAW_BEGIN:
             self.source.raw_begin(*message[1:])
         elif kind == wire.RAW_END:

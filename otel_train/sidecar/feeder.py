@@ -24,6 +24,7 @@ from ..processing.efficiency import EfficiencyTracker
 from ..processing.hang_details import LocalHangs, hang_label
 from ..processing.source import Counters, Delivery, StepSource
 from ..recording.regions import RegionLog
+from ..recording.ring import Ring
 from ..recording.templates import Template
 from ..settings import ConfigError, Settings
 from . import wire
@@ -88,18 +89,26 @@ class Feeder:
         if relay is not None:
             relay_r, relay_w = os.pipe()
             self.relay = RelayIn(relay_r, relay, rank(), offset_ns, version)
+        self.ring = Ring(source.recorder)  # (its memory is the sidecar's to read too)
         try:
-            self.process = SidecarProcess(metrics_socket, relay_w)
+            ring = (self.ring.fd, self.ring.capacity)
+            self.process = SidecarProcess(metrics_socket, relay_w, ring)
+        except BaseException:
+            self.ring.close()
+            raise
         finally:
             if relay_w is not None:
                 os.close(relay_w)  # (the sidecar holds it now)
-        self.handover = RawHandover(source.recorder, self.process.send)
+        self.handover = RawHandover(
+            source.recorder, self.process.send, self.ring, self.process.gone
+        )
         self.process.send((wire.HELLO, settings, version, offset_ns, os.getpid(), record))
         answer = self.process.wait_for(
             (wire.READY, wire.FAILED), time.monotonic() + START_TIMEOUT_S
         )
         if answer is None or answer[0] == wire.FAILED:
             self.process.kill()
+            self.ring.close()
             if answer is not None and answer[1] == "config":
                 raise ConfigError(answer[2])
             why = answer[2] if answer else f"no answer (exit code {self.process.proc.poll()})"
@@ -136,7 +145,8 @@ class Feeder:
             if self.dead:
                 continue
             now = time.monotonic()
-            if now - self._last_pump >= IDLE_PUMP_S:
+            # (in a raw session this thread tells the sidecar how far the ring is written)
+            if now - self._last_pump >= IDLE_PUMP_S or self.handover.raw:
                 self.pump(idle=True)
             if self.relay is not None:
                 self._relay()
@@ -152,7 +162,7 @@ class Feeder:
             return  # another thread pumps now: what finished goes with its delivery or the next
         try:
             self._last_pump = time.monotonic()
-            self._pump(write=idle)
+            self._pump(idle=idle)
             if idle:  # (the feeder's thread: the training thread is idle)
                 self._read_control()
         except Exception:
@@ -162,18 +172,22 @@ class Feeder:
         finally:
             self._lock.release()
 
-    def _pump(self, final: bool = False, write: bool = False) -> None:
+    def _pump(self, final: bool = False, idle: bool = False) -> None:
+        """``idle``: on the feeder's thread (the training thread's pumps come from its
+        hooks); ``final``: hand on everything, a partial step included."""
         pumps = self._pumps = self._pumps + 1
         if pumps % CONTROL_EVERY == 0:
             self._read_control()
-        write = write or final or pumps % WRITE_EVERY == WRITE_PHASE
-        # A full pipe ends a raw session: its entries cannot be dropped one by one (the
-        # sidecar's replica would miss them), its finished steps can (counted).
+        write = idle or final or pumps % WRITE_EVERY == WRITE_PHASE
+        # A full pipe ends a raw session: what the ring holds cannot be dropped slot by
+        # slot (the sidecar's replica would miss them), finished steps can (counted).
         if self.handover.raw and not final and not self._full():
-            self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
+            self._pump_raw(idle or pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
             delivery = self.source.take(derive=False, keep_partial=not final)
-            if not final and not self._full():
+            # A session starts on the thread that logs (this pump came from its hook):
+            # no call of that thread is halfway through logging the old way.
+            if not final and not idle and not self._full():
                 with self.source.recorder._lock:
                     self.handover.try_enter()
             self._send_delivery(delivery)
@@ -181,11 +195,11 @@ class Feeder:
             self.process.write()
 
     def _pump_raw(self, extras: bool) -> None:
-        """The lean path, most pumps of a plain loop: the log's entries as they are."""
+        """A raw session's pump: how far the ring is written (raw.py)."""
         with self.source.recorder._lock:
-            raw = self.handover.take()
-        if raw is not None:
-            self.process.send((wire.RAW, raw[0], raw[1]))
+            told = self.handover.take()
+        if told is not None:
+            self.process.send((wire.RING, *told))
         if extras:  # counters, regions, FLOP counts
             rec = self.source.recorder
             mem = rec.memory
@@ -300,9 +314,15 @@ class Feeder:
             self.console.write(message[1])
 
     def forget(self) -> None:
-        """In a forked child: drop the parent's pipe ends without touching the sidecar."""
+        """In a forked child: drop the parent's pipe ends without touching the sidecar,
+        and stop writing to the ring (its memory is the parent's too)."""
         self._stop.set()
         self.process.forget()
+        self.ring.writer.open = 0
+        rec = self.source.recorder
+        rec._ring = None
+        rec.__dict__.pop("transition", None)
+        rec.__dict__.pop("counted_transition", None)
 
     # -- flush and shutdown (bounded) ----------------------------------------------------
 
@@ -334,6 +354,7 @@ class Feeder:
         ``deadline`` (monotonic seconds; killed past it). True if it ended in time."""
         self._stop.set()
         with self._lock:
+            self.process.gone()  # (then what is left is dropped and counted, not queued)
             while True:
                 self._pump(final=True)
                 if not self.source.has_work() or time.monotonic() >= drain_until or self.dead:
@@ -349,4 +370,7 @@ class Feeder:
                     self.console.write(message[1])
             if self.relay is not None:  # (what it sent back before it ended)
                 self.relay.drain(deadline)
+            with self.source.recorder._lock:
+                self.handover.leave_raw()  # (left at the final pump already, as a rule)
+                self.ring.close()
             return in_time

@@ -30,11 +30,21 @@ _F_SETPIPE_SZ = 1031
 
 
 class SidecarProcess:
-    def __init__(self, metrics_socket: socket.socket | None, relay_fd: int | None = None) -> None:
-        """``relay_fd``: the write end of the relay's pipe (relay.py), handed to it."""
+    def __init__(
+        self,
+        metrics_socket: socket.socket | None,
+        relay_fd: int | None = None,
+        ring: tuple[int, int] | None = None,
+    ) -> None:
+        """``relay_fd``: the write end of the relay's pipe (relay.py), handed to it;
+        ``ring``: the shared-memory ring's descriptor and capacity (recording/ring.py)."""
         pass_fds: tuple[int, ...] = ()
         env = dict(os.environ)
         env.pop("OTEL_TRAIN_SIDECAR_RELAY_FD", None)
+        env.pop("OTEL_TRAIN_SIDECAR_RING", None)
+        if ring is not None:
+            pass_fds += (ring[0],)
+            env["OTEL_TRAIN_SIDECAR_RING"] = f"{ring[0]}:{ring[1]}"
         if relay_fd is not None:
             pass_fds += (relay_fd,)
             env["OTEL_TRAIN_SIDECAR_RELAY_FD"] = str(relay_fd)
@@ -103,6 +113,12 @@ class SidecarProcess:
                 return
             del out[:n]
             self.queued -= n
+
+    def gone(self) -> bool:
+        """Whether it died: known at a failed write, or asked here (a wait syscall)."""
+        if not self.dead and self.proc.poll() is not None:
+            self._died()
+        return self.dead
 
     def _died(self) -> None:
         self.dead = True

@@ -1,54 +1,55 @@
-"""Raw handover: the deferred log goes to the sidecar unapplied.
+"""Raw handover: the log goes to the sidecar unapplied, through the shared-memory ring.
 
 Applying the log (the step state machine, recognising step shapes) costs the training
-thread ~70 us per pump on cold caches, whatever the number of steps in it. In raw mode
-the pump takes the log's entries as they are (one C-level copy), and the sidecar's
-replica recorder applies them. The training process's own state machine then lags;
-:class:`RawHandover` keeps what was sent since the last point the sidecar found its
-replica idle (no open step, no open phase), so that anything that needs the state
-(an adapter asking for the open step, an exception, the FLOP probe, shutdown) has
-the recorder catch up first: it replays those entries locally from that idle point,
-drops the steps they finish (the sidecar has them) and continues with its own state,
-handing on finished steps again (the parts mode). Raw mode starts again at the next
-point where the local recorder is idle with nothing waiting.
+thread ~70 us per pump on cold caches, whatever the number of steps in it; copying and
+pickling it for the pipe cost most of a pump's lumps (benchmarks/README.md, "Pump
+lumps"). In a raw session the hooks write their boundaries as fixed slots into the ring
+(recording/ring.py), which the sidecar maps: nothing is taken or pickled on the training
+thread. The feeder's thread tells the sidecar how far the ring is written (with the
+codes, stacks and side entries it has not sent yet) every tick, and the sidecar's replica
+recorder applies the slots.
 
-Stream positions count the entries sent in one raw session; the sidecar reports
-``(IDLE, session, position, next_index, step-stack token)`` and the kept entries
-before ``position`` are let go, so at most about a report interval of entries is kept.
-They are let go about a hundred at each take rather than all at the report: freeing a
-report interval's entries (about a thousand tuples) at once took 50-100 us of the
-training thread's CPU in one pump (``benchmarks/README.md``, "Pump lumps").
+The training process's own state machine then lags; the ring keeps what was written
+since the last point the sidecar found its replica idle (no open step, no open phase),
+so that anything that needs the state here (an adapter asking for the open step, an
+exception, the FLOP probe, shutdown) has the recorder catch up first: it decodes those
+slots, replays them locally from that idle point, drops the steps they finish (the
+sidecar has them) and continues with its own state, handing on finished steps again
+(the parts mode). A ring the sidecar fell a whole ring behind on refuses the next write,
+and the recorder catches up the same way. Raw mode starts again at the next point where
+the local recorder is idle with nothing waiting.
+
+Positions are the ring's (slots written since it was made); the sidecar reports
+``(IDLE, session, position, next_index, step-stack token)`` and the slots before
+``position`` are let go.
 """
 
 from __future__ import annotations
 
-import collections
-from itertools import islice
 from typing import Any
 
-from ..recording.layouts import newest_time
 from ..recording.recorder import Recorder
+from ..recording.ring import Ring, decode
 from . import wire
 
-# Entries kept for a catch-up: past this many (the sidecar stopped acknowledging, or fell
-# a pipe's worth behind) the recorder catches up here and hands on finished steps.
-MAX_UNAPPLIED = 1 << 14
-RELEASE_PER_TAKE = 96  # acknowledged entries let go per take (a plain loop's takes ~40)
+ANNOUNCE_SLOTS = 1 << 12  # slots after which the writer asks for a hand-over at once
 
 
 class RawHandover:
-    def __init__(self, recorder: Recorder, send: Any) -> None:
+    def __init__(self, recorder: Recorder, send: Any, ring: Ring, gone: Any) -> None:
+        """``send(message)``: to the sidecar; ``gone()``: whether it died (then what
+        the ring held is handed on as finished steps, dropped and counted there)."""
         self.rec = recorder
         self._send = send
+        self._gone = gone
+        self.ring = ring
         self.raw = False
         self.session = 0
-        self._unapplied: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._base = 0  # stream position of _unapplied[0]
-        self._acked = 0  # stream position the sidecar's replica was last idle at
-        self._sent = 0  # stream position after the last entry sent
+        self._acked = 0  # ring position the sidecar's replica was last idle at
+        self._told = 0  # ring position the sidecar was told of
+        self._sent = (0, 1, 0)  # boundaries, names and stacks of ring.tables it has
         self._idle: tuple[int, Any] = (0, None)  # (next step index, step stack) there
-        self._stacks: dict[int, Any] = {}  # token -> this process's stack
-        self.caught_up = 0  # entries replayed here to catch up (a figure for tests)
+        self.caught_up = 0  # slots replayed here to catch up (a figure for tests)
         self.left = 0  # raw sessions ended by a catch-up
         self._wait = 0  # try_enter calls to let pass before the next session
         self._backoff = 8
@@ -63,6 +64,7 @@ class RawHandover:
         if (
             self.raw
             or not rec._defer
+            or len(rec._log) > ANNOUNCE_SLOTS
             or rec._current is not None
             or rec._pending
             or rec._scoped
@@ -74,73 +76,100 @@ class RawHandover:
             return
         self.raw = True
         self.session += 1
-        self._unapplied.clear()
-        self._base = self._sent = self._acked = 0
+        ring, writer = self.ring, self.ring.writer
+        writer.acked = self._acked = self._told = writer.pos
+        writer.due = writer.pos + ANNOUNCE_SLOTS
+        writer.open = 1
+        rec._ring = ring
+        log = rec._log  # (a partial step's entries, kept for the next pump: slots first)
+        while log:
+            ring.put_entry(log.popleft())
+        # The hooks call the writer directly (the C one: no Python frame of ours).
+        rec.transition = writer.transition  # type: ignore[method-assign]
+        rec.counted_transition = writer.counted  # type: ignore[method-assign]
         self._idle = (rec._next_index, stack)
-        token = None
-        if stack is not None:
-            token = id(stack)
-            self._stacks[token] = stack
-        self._send((wire.RAW_BEGIN, self.session, rec._next_index, token))
+        token = ring.tables.token_of(stack) if stack is not None else None
+        self._send((wire.RAW_BEGIN, self.session, rec._next_index, token, self._acked,
+                    self._news()))  # fmt: skip
 
-    def take(self) -> tuple[int, list[tuple[Any, ...]]] | None:
-        """The log's entries as they are, for the sidecar (lock held)."""
-        log = self.rec._log
-        n = len(log)
-        if not n:
+    def _news(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """What the sidecar does not know yet of the codes and tokens."""
+        t = self.ring.tables
+        b, n, s = self._sent
+        news = (t.boundaries[b:], t.names[n:], t.stacks[s:])
+        self._sent = (len(t.boundaries), len(t.names), len(t.stacks))
+        return news
+
+    def take(self) -> tuple[Any, ...] | None:
+        """How far the ring is written, with what the sidecar needs to read it (lock
+        held); None when nothing is new."""
+        rec = self.rec
+        if rec._log:  # (a call in flight when the session began logged the old way)
+            self.leave_raw()
             return None
-        if len(self._unapplied) + n > MAX_UNAPPLIED:  # the sidecar fell far behind
-            self.leave_raw()  # (the log stays: the next pump applies it here)
+        writer = self.ring.writer
+        pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
+        rec.note_progress(writer.last_t)  # (the hang watch's progress)
+        writer.due = pos + ANNOUNCE_SLOTS
+        if pos == self._told:
             return None
-        entries = list(islice(iter(log.popleft, None), n))
-        self.rec.note_progress(newest_time(entries))  # (the hang watch's progress)
-        self._unapplied.extend(entries)
-        self._sent += n
-        if self._acked > self._base:  # (at least as many as came in: the backlog shrinks)
-            self._release(max(RELEASE_PER_TAKE, n))
-        stack = self.rec.step_stack
-        if stack is not None:  # the idle points the sidecar reports name this stack
-            self._stacks[id(stack)] = stack
-        return self.session, entries
+        sides = [(p, e) for p, e in self.ring.sides.items() if self._told <= p < pos]
+        self._told = pos
+        return (self.session, pos, self._news(), sides)
 
     def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:
         """The sidecar's replica was idle at ``position`` (lock held)."""
         if session != self.session or not self.raw or position <= self._acked:
             return
-        if token is not None and token not in self._stacks:
-            return  # a stack this process did not name: keep the entries (catch up from before)
-        self._acked = min(position, self._sent)  # let go by the next takes (_release)
-        self._idle = (next_index, self._stacks.get(token) if token is not None else None)
-
-    def _release(self, most: int) -> None:
-        """Let go of up to ``most`` kept entries the sidecar acknowledged."""
-        drop = min(self._acked - self._base, most)
-        collections.deque(islice(iter(self._unapplied.popleft, None), drop), maxlen=0)
-        self._base += drop
+        stacks = self.ring.tables.stack_objects
+        if token is not None and token not in stacks:
+            return  # a stack this process did not name: keep the slots (catch up from before)
+        self._acked = self.ring.writer.acked = min(position, self.ring.writer.pos)
+        sides = self.ring.sides
+        for p in [p for p in sides if p < self._acked]:
+            del sides[p]
+        self._idle = (next_index, stacks.get(token) if token is not None else None)
 
     def leave_raw(self) -> None:
-        """Bring the local state machine up to what was sent (recorder lock held)."""
+        """Bring the local state machine up to what was written (recorder lock held)."""
         if not self.raw:
             return
         self.raw = False
         self.left += 1
         self._wait = self._backoff
         self._backoff = min(4096, self._backoff * 2)
-        self._release(self._acked - self._base)  # the replay starts at the idle point
-        rec = self.rec
+        rec, ring = self.rec, self.ring
+        writer = ring.writer
+        writer.open = 0  # (a write in flight now is refused: it goes to the log, after these)
+        rec._ring = None
+        rec.__dict__.pop("transition", None)
+        rec.__dict__.pop("counted_transition", None)
+        # Entries logged the old way by calls in flight when the session began: older
+        # than the slots.
+        early = list(rec._log)
+        rec._log.clear()
+        tables = ring.tables
+        told, untold = (
+            decode(ring.view, ring.capacity, a, b, tables, tables.stack_objects.get, ring.sides)[0]
+            for a, b in ((self._acked, self._told), (self._told, writer.pos))
+        )
+        ring.sides.clear()
         rec._next_index, rec.step_stack = self._idle
         rec._current = None
         loose = len(rec.loose_scalars)
         # The sidecar's replica counts what these entries drop: do not count it twice.
         dropped = rec.dropped_steps, rec.dropped_phases
         replay = rec._replay
-        for entry in self._unapplied:
+        for entry in early:
+            replay(entry)
+        for entry in told:
             replay(entry)
         rec.dropped_steps, rec.dropped_phases = dropped
-        self.caught_up += len(self._unapplied)
-        self._unapplied.clear()
-        while rec._pending:  # finished in the sidecar's replica from the same entries
+        self.caught_up += len(told) + len(untold)
+        while rec._pending and not self._gone():  # the sidecar's replica has them
             rec._release_step(rec._pending.popleft())
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
         self._send((wire.RAW_END, self.session))
+        for entry in untold:  # (never told: what they finish is handed on from here)
+            replay(entry)

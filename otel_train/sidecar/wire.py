@@ -7,8 +7,12 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(TEMPLATE, key, template)`` before the first block of a step shape;
 - ``(DELIVERY, parts, scalars, counters, regions, counts, probe_state, facts)``:
   finished steps (``parts``) with what goes beside them;
-- ``(RAW, session, entries)``: log entries as they are (most messages of a plain loop);
-- ``(RAW_BEGIN, session, next_index, step_stack_token)``, ``(RAW_END, session)``;
+- ``(RING, session, position, news, sides)``: the shared-memory ring (recording/ring.py)
+  is written up to ``position``; ``news``: the boundaries, phase names and stacks its
+  slots may name that were not sent yet, ``sides``: ``(position, entry)`` of its side
+  entries (most messages of a plain loop: raw.py);
+- ``(RAW_BEGIN, session, next_index, step_stack_token, position, news)``,
+  ``(RAW_END, session)``;
 - ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
   earlier delivery is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
@@ -47,7 +51,7 @@ from ..recording.links import StepLink
 from ..recording.templates import Template
 from ..recording.tokens import Consumed
 
-HELLO, TEMPLATE, DELIVERY, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RAW = range(11)
+HELLO, TEMPLATE, DELIVERY, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RING = range(11)
 READY, FAILED = range(11, 13)
 FIRST = 13
 CONSOLE_TO, CONSOLE = 14, 15

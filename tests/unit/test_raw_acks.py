@@ -1,12 +1,12 @@
 """The sidecar's replica acknowledges the idle points inside what it applied (raw.py).
 
-In a raw session the training process keeps every log entry it sent since the last point
-where the sidecar found its replica idle. Explicit steps (``with step()``, ``phase()``,
-``record()``) are replayed one by one there, and a piece of the log cut at a pump lands
-inside a step about always; an acknowledgement only at the end of a piece then came
-almost never, and the kept entries grew with the run (benchmarks/README.md). Here a real
-log crosses the pipe's encoding into the sidecar's real source in pieces cut anywhere,
-and each take must report the last idle point the piece passed.
+In a raw session the training process keeps every slot of the ring written since the
+last point where the sidecar found its replica idle. Explicit steps (``with step()``,
+``phase()``, ``record()``) are replayed one by one there, and a piece of the ring told at
+a pump ends inside a step about always; an acknowledgement only at the end of a piece
+then came almost never, and what was kept grew with the run (benchmarks/README.md). Here
+a real log is written into a real ring, told to the sidecar's real source in pieces cut
+anywhere, and each piece must report the last idle point it passed.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from otel_helpers import providers
 import otel_train
 from otel_train import session as session_mod
 from otel_train.recording.layouts import L_KIND, SCALARS, STEP_END
+from otel_train.recording.recorder import Recorder
+from otel_train.recording.ring import Ring
 from otel_train.sidecar import wire
-from otel_train.sidecar.agent import RemoteSource
+from otel_train.sidecar.replica import RemoteSource
 from otel_train.testing import InMemoryTelemetry
 
 STEPS = 12
 
 
 def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
-    """The log of STEPS explicit steps, a loss recorded after each, as the pipe carries
-    it (each thread's stack a token); and the session's settings."""
+    """The log of STEPS explicit steps, a loss recorded after each; and the settings."""
     tel = InMemoryTelemetry()
     model = torch.nn.Linear(4, 1)
     otel_train.configure(console="off", flops_per_step=1.0e6, **providers(tel))
@@ -50,33 +51,44 @@ def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
         sess.recorder._log.clear()
     finally:
         otel_train.shutdown()
-    reader = wire.FrameReader()
-    (message,) = reader.feed(wire.frame((wire.RAW, 1, entries)))
-    return settings, message[2]
+    return settings, entries
 
 
-def test_each_take_reports_the_last_idle_point_its_piece_passed() -> None:
+def test_each_piece_reports_the_last_idle_point_it_passed() -> None:
     settings, entries = _explicit_log()
-    stack = entries[0][0]
-    token = next(k for k, v in wire.replica_stacks().items() if v is stack)
+    ring = Ring(Recorder(settings), capacity=256)
     try:
-        _check_reports(settings, entries, token)
+        _check_reports(settings, entries, ring)
     finally:
-        wire.replica_stacks().pop(token, None)  # (the sidecar's global, made here by the frame)
+        ring.close()
 
 
-def _check_reports(settings: Any, entries: list[tuple[Any, ...]], token: int) -> None:
+def _check_reports(settings: Any, entries: list[tuple[Any, ...]], ring: Ring) -> None:
     # Idle after a step's end, and after the loss recorded between steps.
     idle = {0} | {i + 1 for i, e in enumerate(entries) if e[L_KIND] in (STEP_END, SCALARS)}
     assert len(idle) == 2 * STEPS + 1, [e[L_KIND] for e in entries[:10]]
     sent: list[tuple[Any, ...]] = []
-    source = RemoteSource(settings, sent.append)
-    source.raw_begin(1, 0, token)
-    piece = 5  # (a step logs 6 entries and a loss 1: pieces end inside steps)
+    source = RemoteSource(settings, sent.append, (ring.fd, ring.capacity))
+    ring.writer.open = 1
+    token = ring.tables.token_of(entries[0][0])
+    told = (0, 1, 0)  # what of ring.tables the source has (boundaries, names, stacks)
+
+    def news() -> tuple[list[Any], list[Any], list[Any]]:
+        nonlocal told
+        t = ring.tables
+        out = (t.boundaries[told[0] :], t.names[told[1] :], t.stacks[told[2] :])
+        told = (len(t.boundaries), len(t.names), len(t.stacks))
+        return out
+
+    source.raw_begin(1, 0, token, 0, news())
+    piece = 5  # (a step writes 6 slots and a loss 1: pieces end inside steps)
     reported = 0
     for start in range(0, len(entries), piece):
         end = min(start + piece, len(entries))
-        source.push_raw(1, entries[start:end])
+        for entry in entries[start:end]:
+            assert ring.put_entry(entry)
+        sides = [(p, e) for p, e in ring.sides.items() if start <= p < end]
+        source.ring(1, end, news(), sides)
         source.take()
         reports = [m for m in sent if m[0] == wire.IDLE]
         sent.clear()

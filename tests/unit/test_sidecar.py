@@ -111,9 +111,9 @@ def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
 def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     own_sdk: None,
 ) -> None:
-    """Entries the sidecar acknowledged are let go about a hundred per take (raw.py); a
-    catch-up before any take lets the rest go first and replays only what followed the
-    idle point, so no step or phase counts twice."""
+    """Slots the sidecar acknowledged are let go (raw.py); a catch-up right after an
+    idle report replays only what followed the idle point (nothing, here), so no step
+    or phase counts twice."""
     sess, model, opt, loader = _started()
     handover = sess.feeder.handover
     epochs = 0
@@ -122,13 +122,14 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
         train_epoch(model, opt, loader)
         epochs += 1
     assert handover.raw, "a plain loop's log went out raw"
-    for _ in range(6):  # about 600 entries sent raw: more than one take lets go
+    for _ in range(6):  # about 600 slots written raw
         train_epoch(model, opt, loader)
         epochs += 1
     time.sleep(1.0)  # idle: the feeder's own pumps read the sidecar's idle reports
-    # The case under test: entries acknowledged but not let go yet (no take since).
-    assert handover._acked > handover._base
-    assert sess.recorder.current_step is None  # the state asked for before any take
+    # The case under test: everything written was told and acknowledged.
+    assert handover._acked == handover._told == handover.ring.writer.pos > 0
+    assert sess.recorder.current_step is None  # the state asked for right after
+    assert handover.caught_up == 0  # (nothing followed the idle point)
     assert handover.left >= 1 and not handover.raw
     assert sess.recorder._next_index == epochs * len(loader)
     for _ in range(2):
@@ -287,10 +288,10 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     from otel_train.processing.resolved import ResolvedStep
     from otel_train.processing.source import Counters, Delivery
     from otel_train.settings import Settings
-    from otel_train.sidecar import agent
+    from otel_train.sidecar import replica
 
-    monkeypatch.setattr(agent, "MAX_HELD_STEPS", 100)
-    source = agent.RemoteSource(Settings(), lambda message: None)
+    monkeypatch.setattr(replica, "MAX_HELD_STEPS", 100)
+    source = replica.RemoteSource(Settings(), lambda message: None)
     index = 0
     for _ in range(50):  # 50 batches of 10 steps arrive before the worker takes any
         steps = [ResolvedStep(index + i, 0, 1) for i in range(10)]

@@ -1,0 +1,318 @@
+/* The hook's write into the shared-memory ring, in C (recording/ring.py is the
+ * reference, and the fallback where this does not build).
+ *
+ * A raw hand-over writes one fixed slot per boundary into a ring its sidecar maps
+ * (ring.py: SLOT, the layout). In Python that write costs more than the tuple it
+ * replaces (struct.pack_into: ~1,760 instructions a call under callgrind); here an
+ * adapter's boundary is one C call: the calling thread's stack token from a one-entry
+ * cache, the clock, one slot written. Anything this cannot do on its own (a boundary or
+ * thread not seen yet, recording switched off, the ring closed or full) goes to the
+ * Python callables it was given, so behaviour is ring.py's.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define SLOT_SIZE 48
+#define NONE_VALUE INT64_MIN
+#define CACHE 32
+
+typedef struct {
+    uint32_t kind;
+    uint32_t name;
+    int64_t t;
+    uint64_t stack;
+    int64_t a, b, c;
+} slot_t;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    char *base;
+    long long capacity; /* slots */
+    long long pos;      /* slots written since the ring was made (the stream position) */
+    long long acked;    /* the reader let go of slots before this one */
+    long long due;      /* on_due() is called once pos reaches it */
+    int open;
+    int64_t last_t;
+    uint64_t tid;       /* the last writing thread (PyThreadState id) and its stack token */
+    uint64_t tstack;
+    PyObject *flags;    /* the recorder's __dict__: "enabled" read there */
+    PyObject *stack_of; /* () -> token of the calling thread's stack (registers it) */
+    PyObject *code_of;  /* (boundary) -> its code (registers it) */
+    PyObject *refused;  /* (boundary, samples, tokens, padded, t): the write that was not made */
+    PyObject *on_due;   /* () */
+    PyObject *keys[CACHE];
+    uint32_t codes[CACHE];
+    int ncodes;
+} Ring;
+
+static PyObject *s_enabled;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.perf_counter_ns's clock on Linux */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int enabled(Ring *self) {
+    PyObject *v = PyDict_GetItemWithError(self->flags, s_enabled);
+    return v == Py_True;
+}
+
+/* The code of boundary b, or -1 with an error set. */
+static long long code_of(Ring *self, PyObject *b) {
+    for (int i = 0; i < self->ncodes; i++)
+        if (self->keys[i] == b) return self->codes[i];
+    PyObject *r = PyObject_CallOneArg(self->code_of, b);
+    if (r == NULL) return -1;
+    long long code = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (code < 0 || code > UINT32_MAX) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad boundary code");
+        return -1;
+    }
+    if (self->ncodes < CACHE) { /* (code_of keeps b alive: the ring's table holds it) */
+        self->keys[self->ncodes] = b;
+        self->codes[self->ncodes++] = (uint32_t)code;
+    }
+    return code;
+}
+
+/* The calling thread's stack token, or 0 with an error set. */
+static uint64_t stack_token(Ring *self) {
+    uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
+    if (tid == self->tid && self->tstack) return self->tstack;
+    PyObject *r = PyObject_CallNoArgs(self->stack_of);
+    if (r == NULL) return 0;
+    uint64_t token = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (PyErr_Occurred()) return 0;
+    self->tid = tid;
+    self->tstack = token;
+    return token;
+}
+
+static int count_value(PyObject *v, int64_t *out) {
+    if (v == Py_None) { *out = NONE_VALUE; return 0; }
+    if (!PyLong_CheckExact(v)) return -1;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || x == NONE_VALUE || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Write one boundary slot; 1 written, 0 refused (caller falls back), -1 error. */
+static int write_boundary(Ring *self, PyObject *b, int64_t a, int64_t bb, int64_t c, int64_t t) {
+    if (!self->open || !enabled(self)) return 0;
+    if (self->pos - self->acked >= self->capacity) return 0;
+    long long code = code_of(self, b);
+    if (code < 0) return -1;
+    uint64_t stack = stack_token(self);
+    if (!stack) return -1;
+    slot_t s;
+    s.kind = (uint32_t)code;
+    s.name = 0;
+    s.t = t ? t : now_ns();
+    s.stack = stack;
+    s.a = a;
+    s.b = bb;
+    s.c = c;
+    memcpy(self->base + (self->pos % self->capacity) * SLOT_SIZE, &s, SLOT_SIZE);
+    self->pos++;
+    self->last_t = s.t;
+    return 1;
+}
+
+static PyObject *after_write(Ring *self) {
+    if (self->pos >= self->due) {
+        self->due = LLONG_MAX; /* (on_due sets the next) */
+        PyObject *r = PyObject_CallNoArgs(self->on_due);
+        if (r == NULL) PyErr_Clear(); /* telemetry never raises into training */
+        Py_XDECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *refuse(Ring *self, PyObject *b, PyObject *s, PyObject *tk, PyObject *p, PyObject *t) {
+    PyErr_Clear(); /* (an error here: the Python path logs it once and disables) */
+    PyObject *args[5] = {b, s, tk, p, t};
+    return PyObject_Vectorcall(self->refused, args, 5, NULL);
+}
+
+static PyObject *Ring_transition(Ring *self, PyObject *b) {
+    int r = write_boundary(self, b, NONE_VALUE, NONE_VALUE, NONE_VALUE, 0);
+    if (r > 0) return after_write(self);
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *out = refuse(self, b, Py_None, Py_None, Py_None, zero);
+    Py_XDECREF(zero);
+    return out;
+}
+
+static PyObject *Ring_counted(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "counted(b, samples, tokens, padded, t=0)");
+        return NULL;
+    }
+    int64_t a, bb, c, t = 0;
+    PyObject *tobj = nargs == 5 ? args[4] : NULL;
+    int ok = count_value(args[1], &a) == 0 && count_value(args[2], &bb) == 0 &&
+             count_value(args[3], &c) == 0;
+    if (ok && tobj != NULL) {
+        t = PyLong_AsLongLong(tobj);
+        if (t == -1 && PyErr_Occurred()) { PyErr_Clear(); ok = 0; }
+    }
+    if (ok) {
+        int r = write_boundary(self, args[0], a, bb, c, t);
+        if (r > 0) return after_write(self);
+    }
+    PyObject *zero = NULL;
+    if (tobj == NULL) tobj = zero = PyLong_FromLong(0);
+    PyObject *out = refuse(self, args[0], args[1], args[2], args[3], tobj);
+    Py_XDECREF(zero);
+    return out;
+}
+
+/* put(kind, name, stack, t, a, b, c) -> the slot's position, or -1 if refused. */
+static PyObject *Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put(kind, name, stack, t, a, b, c)");
+        return NULL;
+    }
+    if (!self->open || self->pos - self->acked >= self->capacity) return PyLong_FromLong(-1);
+    slot_t s;
+    s.kind = (uint32_t)PyLong_AsUnsignedLong(args[0]);
+    s.name = (uint32_t)PyLong_AsUnsignedLong(args[1]);
+    s.stack = PyLong_AsUnsignedLongLong(args[2]);
+    s.t = PyLong_AsLongLong(args[3]);
+    s.a = PyLong_AsLongLong(args[4]);
+    s.b = PyLong_AsLongLong(args[5]);
+    s.c = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    long long at = self->pos;
+    memcpy(self->base + (at % self->capacity) * SLOT_SIZE, &s, SLOT_SIZE);
+    self->pos++;
+    if (s.t > self->last_t) self->last_t = s.t;
+    PyObject *r = after_write(self);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    return PyLong_FromLongLong(at);
+}
+
+static int Ring_init(Ring *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"buffer", "capacity", "flags", "stack_of", "code_of", "refused",
+                            "on_due", NULL};
+    PyObject *buffer, *flags, *stack_of, *code_of, *refused, *on_due;
+    long long capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLOOOOO", names, &buffer, &capacity, &flags,
+                                     &stack_of, &code_of, &refused, &on_due))
+        return -1;
+    if (!PyDict_Check(flags)) {
+        PyErr_SetString(PyExc_TypeError, "flags: the recorder's __dict__");
+        return -1;
+    }
+    if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
+    if (capacity <= 0 || self->view.len < capacity * SLOT_SIZE) {
+        PyBuffer_Release(&self->view);
+        PyErr_SetString(PyExc_ValueError, "buffer smaller than capacity slots");
+        return -1;
+    }
+    self->base = self->view.buf;
+    self->capacity = capacity;
+    self->due = LLONG_MAX;
+    Py_INCREF(flags); self->flags = flags;
+    Py_INCREF(stack_of); self->stack_of = stack_of;
+    Py_INCREF(code_of); self->code_of = code_of;
+    Py_INCREF(refused); self->refused = refused;
+    Py_INCREF(on_due); self->on_due = on_due;
+    return 0;
+}
+
+static void Ring_dealloc(Ring *self) {
+    if (self->base != NULL) PyBuffer_Release(&self->view);
+    Py_XDECREF(self->flags);
+    Py_XDECREF(self->stack_of);
+    Py_XDECREF(self->code_of);
+    Py_XDECREF(self->refused);
+    Py_XDECREF(self->on_due);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Ring_forget_thread(Ring *self, PyObject *unused) {
+    self->tid = 0;
+    self->tstack = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ring_release(Ring *self, PyObject *unused) {
+    /* Let go of the shared memory (the mmap can close only once no view is held). */
+    self->open = 0;
+    if (self->base != NULL) {
+        PyBuffer_Release(&self->view);
+        self->base = NULL;
+        self->capacity = 1;
+        self->acked = self->pos; /* (refuses every write from now on: open is 0 too) */
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"transition", (PyCFunction)Ring_transition, METH_O, "An adapter boundary, now."},
+    {"counted", (PyCFunction)(void (*)(void))Ring_counted, METH_FASTCALL,
+     "A counted boundary: counted(b, samples, tokens, padded, t=0)."},
+    {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL,
+     "put(kind, name, stack, t, a, b, c) -> position, or -1 if refused."},
+    {"forget_thread", (PyCFunction)Ring_forget_thread, METH_NOARGS,
+     "Look the calling thread's stack up again at the next write."},
+    {"release", (PyCFunction)Ring_release, METH_NOARGS, "Close for good; let go of the buffer."},
+    {NULL},
+};
+
+#include <structmember.h>
+static PyMemberDef Ring_members[] = {
+    {"pos", T_LONGLONG, offsetof(Ring, pos), 0, "slots written"},
+    {"acked", T_LONGLONG, offsetof(Ring, acked), 0, "slots the reader let go of"},
+    {"due", T_LONGLONG, offsetof(Ring, due), 0, "position at which on_due() is called"},
+    {"capacity", T_LONGLONG, offsetof(Ring, capacity), READONLY, "slots"},
+    {"open", T_INT, offsetof(Ring, open), 0, "whether writes are taken"},
+    {"last_t", T_LONGLONG, offsetof(Ring, last_t), 0, "the newest slot's time"},
+    {NULL},
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train.recording._ring.Ring",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The ring's writer in C (recording/ring.py: Ring, the reference).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Ring_init,
+    .tp_dealloc = (destructor)Ring_dealloc,
+    .tp_methods = Ring_methods,
+    .tp_members = Ring_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_ring", "The ring's writer in C (see ring.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ring(void) {
+    s_enabled = PyUnicode_InternFromString("enabled");
+    if (s_enabled == NULL || PyType_Ready(&RingType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&RingType);
+    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
+        Py_DECREF(&RingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE);
+    return m;
+}

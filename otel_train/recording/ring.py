@@ -1,0 +1,288 @@
+"""The ring: each boundary written at the hook as one fixed slot in shared memory.
+
+While the sidecar takes the log raw (otel_train/sidecar/raw.py), the hooks write here
+instead of appending tuples to the deferred log: one 48-byte slot per boundary (SLOT,
+below), in a ring the sidecar maps and reads itself. Nothing is copied or pickled on the
+training thread, and an adapter's boundary is one call into C (``_ring.c``; the
+:class:`Writer` below is the same writer in Python, used where that does not build).
+What a slot cannot hold (a phase that ended with an error, scalars, a remote phase) is a
+*side entry*: its slot says SIDE, and the entry itself, a log tuple, goes beside the
+ring, keyed by the slot's position.
+
+A slot, by field: ``kind`` (a log kind of layouts.py, SIDE, or a boundary's code from
+FIRST_CODE on), ``name`` (a phase name's code), ``t`` (host ns), ``stack`` (the
+thread's stack token: ``id()`` of its phase stack), and ``a``, ``b``, ``c`` (a batch's
+samples, tokens and padded tokens; NONE for None). Codes and tokens are this process's:
+:class:`Tables` lists what each means, and :func:`decode` turns slots back into the log
+entries the state machine applies (deferred.py).
+
+Usage::
+
+    ring = Ring(recorder, capacity)          # recorder: whose hooks write here
+    ring.open_at(pos)                         # writes taken from here on
+    entries, upto = decode(ring.view, ring.capacity, start, ring.pos, ring.tables, ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any
+
+from .layouts import COUNTS, ENTER, EXIT, L_KIND, STEP_BEGIN, STEP_END, MainPhaseStack
+from .scopes import B_COUNTED
+
+SLOT = struct.Struct("<IIqQqqq")  # kind, name, t, stack, a, b, c
+SIDE = 15  # the entry is beside the ring (Ring.sides), keyed by the slot's position
+FIRST_CODE = 16  # boundary codes: FIRST_CODE + their index in Tables.boundaries
+NONE = -(1 << 63)  # a count that is None
+CAPACITY = 1 << 15  # slots (1.5 MiB): about 4,000 steps of a plain loop
+try:
+    from . import _ring  # type: ignore[attr-defined]
+
+    NATIVE: Any = _ring.Ring
+except ImportError:  # (not built: the Python writer below, the same slots)
+    NATIVE = None
+
+
+class Tables:
+    """What this process's codes and tokens mean: boundaries by code, phase names by code
+    (0: None), stacks by token with whether each is the main thread's. Lists only grow:
+    whoever hands them on keeps how many it has sent."""
+
+    def __init__(self) -> None:
+        self.boundaries: list[Any] = []
+        self.names: list[str | None] = [None]
+        self.stacks: list[tuple[int, bool]] = []
+        self._codes: dict[int, int] = {}  # id(boundary) -> code (the list keeps it alive)
+        self._name_codes: dict[str | None, int] = {None: 0}
+        self.stack_objects: dict[int, Any] = {}  # token -> this process's stack
+
+    def code_of(self, b: Any) -> int:
+        code = self._codes.get(id(b))
+        if code is None:
+            code = self._codes[id(b)] = FIRST_CODE + len(self.boundaries)
+            self.boundaries.append(b)
+        return code
+
+    def name_code(self, name: str | None) -> int:
+        code = self._name_codes.get(name)
+        if code is None:
+            code = self._name_codes[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+    def token_of(self, stack: Any) -> int:
+        token = id(stack)
+        if token not in self.stack_objects:
+            self.stack_objects[token] = stack
+            self.stacks.append((token, isinstance(stack, MainPhaseStack)))
+        return token
+
+
+def _value(v: int | None) -> int:
+    return NONE if v is None else v
+
+
+def _count(v: int) -> int | None:
+    return None if v == NONE else v
+
+
+class Writer:
+    """The writer in Python: ``_ring.Ring``'s interface and behaviour, slot for slot."""
+
+    def __init__(
+        self,
+        buffer: Any,
+        capacity: int,
+        flags: dict[str, Any],
+        stack_of: Callable[[], int],
+        code_of: Callable[[Any], int],
+        refused: Callable[..., None],
+        on_due: Callable[[], None],
+    ) -> None:
+        self._view = memoryview(buffer)
+        self.capacity = capacity
+        self._flags = flags
+        self._stack_of, self._code_of = stack_of, code_of
+        self._refused, self._on_due = refused, on_due
+        self.pos = self.acked = self.last_t = 0
+        self.due = 1 << 62
+        self.open = 0
+
+    def _write(self, kind: int, name: int, stack: int, t: int, a: int, b: int, c: int) -> int:
+        at = self.pos
+        SLOT.pack_into(self._view, (at % self.capacity) * SLOT.size, kind, name, t, stack, a, b, c)
+        self.pos = at + 1
+        self.last_t = max(self.last_t, t)
+        if self.pos >= self.due:
+            self.due = 1 << 62
+            with contextlib.suppress(Exception):  # (as the C writer: never into training)
+                self._on_due()
+        return at
+
+    def _takes(self) -> bool:
+        return bool(self.open) and self.pos - self.acked < self.capacity
+
+    def transition(self, b: Any) -> None:
+        self.counted(b, None, None, None, 0)
+
+    def counted(self, b: Any, samples: Any, tokens: Any, padded: Any, t: int = 0) -> None:
+        if (
+            self._takes()
+            and self._flags.get("enabled") is True
+            and _small(samples)
+            and _small(tokens)
+            and _small(padded)
+            and t.__class__ is int
+        ):
+            try:
+                code, stack = self._code_of(b), self._stack_of()
+                counts = (_value(samples), _value(tokens), _value(padded))
+                self._write(code, 0, stack, t or perf_counter_ns(), *counts)
+                return
+            except Exception:
+                pass
+        self._refused(b, samples, tokens, padded, t)
+
+    def put(self, kind: int, name: int, stack: int, t: int, a: int, b: int, c: int) -> int:
+        if not self._takes():
+            return -1
+        return self._write(kind, name, stack, t, a, b, c)
+
+    def forget_thread(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.open = 0
+        self._view.release()
+
+
+class Ring:
+    """The shared memory, its writer and tables, and the side entries of one recorder.
+
+    The memory is an unlinked temporary file (``fd``, passed to the sidecar at its
+    start), mapped here and prefaulted, so its pages count once in both processes from
+    the first slot on."""
+
+    def __init__(self, recorder: Any, capacity: int = CAPACITY, native: bool = True) -> None:
+        self.capacity = capacity
+        size = capacity * SLOT.size
+        with tempfile.TemporaryFile(prefix="otel-train-ring-") as f:
+            f.truncate(size)
+            self.fd = os.dup(f.fileno())
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self.view = mmap.mmap(self.fd, size, flags=flags)
+        self.tables = Tables()
+        self.sides: dict[int, tuple[Any, ...]] = {}  # position -> side entry
+        self._rec = recorder
+        kind = NATIVE if native and NATIVE is not None else Writer
+        self.writer = kind(
+            self.view, capacity, recorder.__dict__, self._stack_of, self.tables.code_of,
+            recorder.refused_write, recorder.ring_due,
+        )  # fmt: skip
+
+    @property
+    def native(self) -> bool:
+        return not isinstance(self.writer, Writer)
+
+    def _stack_of(self) -> int:
+        return self.tables.token_of(self._rec._tls_stack())
+
+    def put_entry(self, item: tuple[Any, ...]) -> bool:
+        """A log entry as a slot (a side entry if no slot holds it); False if refused."""
+        w, tables = self.writer, self.tables
+        kind = item[L_KIND]
+        stack = item[0]
+        token = tables.token_of(stack) if stack is not None else 0
+        if kind.__class__ is tuple:  # an adapter boundary (counted: with the batch's)
+            code = tables.code_of(kind)
+            if kind[B_COUNTED]:
+                counts = (_value(item[3]), _value(item[4]), _value(item[5]))
+                return w.put(code, 0, token, item[1], *counts) >= 0
+            return w.put(code, 0, token, item[1], NONE, NONE, NONE) >= 0
+        if kind == ENTER and item[3].__class__ is str:
+            return w.put(ENTER, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE) >= 0
+        if kind == EXIT and item[4] is None and (item[3] is None or item[3].__class__ is str):
+            return w.put(EXIT, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE) >= 0
+        if kind == STEP_BEGIN and _small(item[3]) and _small(item[4]):
+            return w.put(STEP_BEGIN, 0, token, item[1], _value(item[3]), _value(item[4]), NONE) >= 0
+        if kind == STEP_END:
+            return w.put(STEP_END, 0, token, item[1], NONE, NONE, NONE) >= 0
+        if kind == COUNTS and all(_small(v) for v in item[3:6]):
+            counts = (_value(item[3]), _value(item[4]), _value(item[5]))
+            return w.put(COUNTS, 0, 0, 0, *counts) >= 0
+        at = w.put(SIDE, 0, token, 0, NONE, NONE, NONE)
+        if at < 0:
+            return False
+        self.sides[at] = item
+        return True
+
+    def close(self) -> None:
+        """For good: no more writes; the memory is let go of."""
+        self.writer.release()
+        self.view.close()
+        os.close(self.fd)
+
+
+def _small(v: Any) -> bool:
+    """Whether ``v`` fits a count field: None or an int that is not NONE."""
+    return v is None or (v.__class__ is int and NONE < v < (1 << 63))
+
+
+def decode(
+    view: Any,
+    capacity: int,
+    start: int,
+    end: int,
+    tables: Any,
+    stack_for: Callable[[int], Any],
+    sides: dict[int, tuple[Any, ...]],
+) -> tuple[list[tuple[Any, ...]], int]:
+    """The log entries of slots ``start`` to ``end`` (stream positions), and the position
+    decoding stopped at: ``end``, or the first slot whose side entry or code is not
+    known yet (it arrives with a later hand-over). ``tables``: boundaries and names by
+    code (lists); ``stack_for(token)``: the stack a token names here."""
+    boundaries, names = tables.boundaries, tables.names
+    out: list[tuple[Any, ...]] = []
+    pos = start
+    stacks: dict[int, Any] = {}
+    for pos in range(start, end):
+        kind, name, t, token, a, b, c = SLOT.unpack_from(view, (pos % capacity) * SLOT.size)
+        if kind == SIDE:
+            side = sides.pop(pos, None)
+            if side is None:
+                return out, pos
+            out.append(side)
+            continue
+        stack = stacks.get(token)
+        if stack is None and token:
+            stack = stacks[token] = stack_for(token)
+        if kind >= FIRST_CODE:
+            i = kind - FIRST_CODE
+            if i >= len(boundaries):
+                return out, pos
+            bd = boundaries[i]
+            if bd[B_COUNTED]:
+                out.append((stack, t, bd, _count(a), _count(b), _count(c)))
+            else:
+                out.append((stack, t, bd))
+        elif kind in (ENTER, EXIT):
+            if name >= len(names):
+                return out, pos
+            if kind == ENTER:
+                out.append((stack, t, ENTER, names[name]))
+            else:
+                out.append((stack, t, EXIT, names[name], None))
+        elif kind == STEP_BEGIN:
+            out.append((stack, t, STEP_BEGIN, _count(a), _count(b)))
+        elif kind == STEP_END:
+            out.append((stack, t, STEP_END))
+        else:  # COUNTS
+            out.append((None, 0, COUNTS, _count(a), _count(b), _count(c)))
+    return out, end

@@ -1,0 +1,223 @@
+"""The sidecar's source of finished steps: what arrives on the pipe, and a replica
+recorder applying the training process's ring.
+
+Finished steps come decoded from deliveries (the parts mode, and CUDA). In a raw session
+(raw.py) the training process's hooks write slots into the shared-memory ring
+(recording/ring.py) and the feeder tells how far it is written; :class:`RemoteSource`
+decodes the slots into log entries and its replica recorder applies them, as the
+training process's own recorder would have. It reports the last point where the replica
+was idle, so that the training process can let go of the slots before it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import mmap
+import threading
+import time
+from typing import Any
+
+from ..processing.blocks import Shape
+from ..processing.source import Counters, Delivery, StepSource, finished
+from ..recording.recorder import Recorder
+from ..recording.ring import SLOT, Tables, decode
+from . import wire
+from .wire import replica_stacks, stack_of
+
+_REPLICA = Counters()  # marks the replica's deliveries: the counters are the trainer's
+REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
+# Finished steps received and not yet taken by the worker: past this many the oldest
+# deliveries are dropped and counted (dropped{reason="sidecar"}), as the training process's
+# feeder drops what its pipe cannot take. A worker that keeps up takes a backlog every
+# 50 ms once 64 deliveries wait (250 steps of a 5k steps/s loop); each held step is ~1.5
+# KiB as a resolved step, and 16384 of them broke the collector-down memory bound.
+MAX_HELD_STEPS = 1024
+# Slots decoded at a time: a ring the sidecar fell behind on is applied in pieces, so
+# that its entries never wait here all at once as objects.
+DECODE_SLOTS = 4096
+
+
+class RingTables(Tables):
+    """The training process's codes and tokens as this process knows them: its stacks
+    stand for replica stacks here (wire.stack_of)."""
+
+    def learn(self, news: tuple[list[Any], list[Any], list[Any]]) -> None:
+        boundaries, names, stacks = news
+        self.boundaries.extend(boundaries)
+        self.names.extend(names)
+        for token, main in stacks:
+            self.stack_objects[token] = stack_of(token, main)
+
+
+class RemoteSource:
+    """The worker's source here (source.py's interface): finished steps decoded from the
+    pipe, and a replica recorder applying the ring's slots (raw.py)."""
+
+    def __init__(self, settings: Any, out: Any, ring: tuple[int, int] | None = None) -> None:
+        """``ring``: the shared-memory ring's descriptor and capacity, or None (no raw
+        sessions then)."""
+        self._deliveries: collections.deque[Delivery] = collections.deque()
+        self._held = 0  # finished steps in _deliveries
+        self.dropped = 0  # steps dropped for the bound (MAX_HELD_STEPS)
+        self.counters = Counters()
+        self.disabled = False
+        self._out = out
+        self._lock = threading.Lock()
+        self.replica = Recorder(settings, replay_only=True)
+        self.replica.marks_idle = True
+        self._replica_source = StepSource(self.replica)
+        self.session: int | None = None
+        self._view: Any = None
+        self._capacity = 1
+        if ring is not None:
+            fd, self._capacity = ring
+            size = self._capacity * SLOT.size
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._view = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+        self.tables = RingTables()
+        self._sides: dict[int, tuple[Any, ...]] = {}
+        self._start = 0  # ring position of this raw session's first slot
+        self._read = 0  # ring position decoded up to
+        self._written = 0  # ring position the training process said it wrote up to
+        self._appended = 0  # entries of this raw session appended to the replica's log
+        self._reported = 0  # the last idle point of this raw session reported
+        self._drained = 0.0
+        self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
+
+    def push(self, delivery: Delivery) -> None:
+        with self._lock:
+            if not self.disabled:
+                self._hold(delivery)
+
+    def _hold(self, delivery: Delivery) -> None:
+        """Keep a delivery for the worker, dropping the oldest past MAX_HELD_STEPS (lock
+        held): a worker that falls behind (this process yields its core to training)
+        must not hold an unbounded backlog."""
+        deliveries = self._deliveries
+        deliveries.append(delivery)
+        self._held += delivery.step_count()
+        while self._held > MAX_HELD_STEPS and len(deliveries) > 1:
+            n = deliveries.popleft().step_count()
+            self._held -= n
+            self.dropped += n
+
+    def ring(self, session: int, position: int, news: Any, sides: list[tuple[int, Any]]) -> None:
+        """The ring is written up to ``position``: apply its slots, in pieces."""
+        with self._lock:
+            if self.disabled or session != self.session:
+                return
+            self.tables.learn(news)
+            self._sides.update(sides)
+            self._written = max(self._written, position)
+            while self._read < self._written:
+                end = min(self._written, self._read + DECODE_SLOTS)
+                entries, self._read = decode(self._view, self._capacity, self._read, end,
+                                             self.tables, self.tables.stack_objects.get,
+                                             self._sides)  # fmt: skip
+                self.replica._log.extend(entries)
+                self._appended += len(entries)
+                if self._read < end:
+                    break  # (a side entry or a code not here yet: the next message has it)
+                if self._written - self._read > 0:
+                    self._apply()
+            # The training process keeps the ring's slots since the last idle point this
+            # reports: apply and report every REPORT_S (not per message: this process's
+            # CPU is the training node's too).
+            if time.monotonic() - self._drained >= REPORT_S:
+                self._apply()
+
+    def _apply(self) -> None:
+        self._drained = time.monotonic()
+        self._hold(self._replica_take(keep_partial=True))
+        self._report_idle()
+
+    def _replica_take(self, keep_partial: bool) -> Delivery:
+        delivery = self._replica_source.take(derive=False, keep_partial=keep_partial)
+        delivery.counters = _REPLICA  # the replica's own are added in take()
+        return delivery
+
+    def raw_begin(self, session: int, next_index: int, token: Any, position: int,
+                  news: Any) -> None:  # fmt: skip
+        with self._lock:
+            self.tables.learn(news)
+            rep = self.replica
+            rep._next_index = next_index
+            rep.step_stack = self.tables.stack_objects.get(token) if token is not None else None
+            self.session, self._appended, self._reported = session, 0, 0
+            self._start = self._read = self._written = position
+            self._sides.clear()
+
+    def raw_end(self, session: int) -> None:
+        """The training process caught up: keep the steps the entries finished, drop the
+        step they leave open (it goes on there)."""
+        with self._lock:
+            if session != self.session:
+                return
+            self._hold(self._replica_take(keep_partial=False))
+            rep = self.replica
+            rep._current = None
+            rep._scoped.clear()
+            rep.reset_background()
+            for stack in replica_stacks().values():
+                stack.clear()
+            self.session = None
+
+    def take(self) -> Delivery:
+        out = Delivery(counters=self.counters)
+        with self._lock:
+            if self.session is not None and self.replica._log:
+                self._apply()
+            deliveries, self._deliveries = self._deliveries, collections.deque()
+            self._held = 0
+        extra = self.replica
+        for delivery in deliveries:
+            for part in delivery.parts:
+                if part:
+                    out.parts.extend(finished(part, self.shapes, out.remote))
+            out.scalars.extend(delivery.scalars)
+            if delivery.counters is not _REPLICA:
+                self.counters = delivery.counters
+        c = self.counters
+        out.counters = dataclasses.replace(
+            c,
+            dropped_phases=c.dropped_phases + extra.dropped_phases,
+            dropped_handover=c.dropped_handover + self.dropped,
+        )
+        return out
+
+    def _report_idle(self) -> None:
+        """Tell the training process the last ring position of this raw session where
+        the replica was idle: it lets go of the slots before it (raw.py)."""
+        rep = self.replica
+        mark = rep.idle_mark
+        if mark is None:
+            return  # (no idle point in what was applied: the last one reported stands)
+        behind, next_index, stack = mark
+        rep.idle_mark = None
+        position = self._start + self._appended - len(rep._log) - behind
+        if position <= self._reported:
+            return
+        self._reported = position
+        tokens = {id(v): k for k, v in self.tables.stack_objects.items()}
+        token = tokens.get(id(stack)) if stack is not None else None
+        self._out((wire.IDLE, self.session, position, next_index, token))
+
+    def finish(self) -> None:
+        """The end: apply what the replica still holds, a partial last step included."""
+        with self._lock:
+            if self.session is not None:
+                self._hold(self._replica_take(keep_partial=False))
+
+    def has_work(self) -> bool:
+        # (a partial step kept in the replica's log is not work until finish())
+        return bool(self._deliveries)
+
+    def backlog_due(self) -> bool:
+        return len(self._deliveries) >= 64
+
+    def disable(self) -> None:
+        with self._lock:
+            self.disabled = True
+            self._deliveries.clear()
+            self._held = 0

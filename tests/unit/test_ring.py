@@ -1,0 +1,195 @@
+"""The shared-memory ring (recording/ring.py): slots give back the log entries they were
+written from, the C writer writes what the Python one writes, and a write the ring
+cannot take goes the log's way.
+
+The log comes from real loops: a plain loop instrumented with a loader and optimizer (its
+boundaries, with the batches' counts), and explicit steps and phases with a phase that
+raises, user scalars and an exhausted loader's discard (side entries).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
+
+import otel_train
+from otel_train import session as session_mod
+from otel_train.recording import ring as ring_mod
+from otel_train.recording.recorder import ADAPTER, Recorder, boundary
+from otel_train.recording.ring import NONE, SIDE, SLOT, Ring, Writer, decode
+from otel_train.settings import Settings
+from otel_train.testing import InMemoryTelemetry
+
+WRITERS = ["python", "c"]
+
+
+def _native_or_skip(kind: str) -> bool:
+    """Whether ``kind`` is the C writer; skips it where it was not built, unless
+    OTEL_TRAIN_NATIVE_REQUIRED=1 (CI, which installs the package) makes that a failure."""
+    if kind == "c" and ring_mod.NATIVE is None:
+        if os.environ.get("OTEL_TRAIN_NATIVE_REQUIRED") == "1":
+            pytest.fail("otel_train.recording._ring was not built (setup.py)")
+        pytest.skip("the C writer was not built")
+    return kind == "c"
+
+
+def _logged() -> tuple[Settings, list[tuple[Any, ...]]]:
+    """A real log, as the training thread wrote it (the worker stopped)."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    loader = tiny_loader(n=24, batch_size=8)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
+                          flops_per_step=1.0e6, **providers(tel))  # fmt: skip
+    sess = session_mod.current()
+    assert sess is not None and sess.recorder._defer
+    sess.worker._stop.set()
+    sess.worker._thread.join(5)
+    try:
+        train_epoch(model, opt, loader, record=True)
+        with otel_train.step(samples=3, tokens=None):
+            with otel_train.phase("rollout"):
+                pass
+            with pytest.raises(ValueError), otel_train.phase("reward"):
+                raise ValueError("bad reward")
+            otel_train.record(reward=1.5)
+        entries = list(sess.recorder._log)
+        sess.recorder._log.clear()
+        return sess.settings, entries
+    finally:
+        otel_train.shutdown()
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_slots_decode_to_the_entries_they_were_written_from(writer: str) -> None:
+    settings, entries = _logged()
+    kinds = {e[2] if e[2].__class__ is not tuple else "boundary" for e in entries}
+    assert {"boundary", 0, 1, 2, 3, 4, 6} <= kinds, kinds  # (every kind a loop logs)
+    ring = Ring(Recorder(settings), capacity=64, native=_native_or_skip(writer))
+    try:
+        ring.writer.open = 1
+        out: list[tuple[Any, ...]] = []
+        for start in range(0, len(entries), 40):  # (wrapping round the ring)
+            for e in entries[start : start + 40]:
+                assert ring.put_entry(e)
+            got, upto = decode(ring.view, ring.capacity, start, ring.writer.pos, ring.tables,
+                               ring.tables.stack_objects.get, ring.sides)  # fmt: skip
+            assert upto == ring.writer.pos
+            ring.writer.acked = upto
+            out += got
+        assert out == entries
+        for a, b in zip(out, entries, strict=True):  # the same objects: recognised by identity
+            assert a[0] is b[0] and (a[2] is b[2] or a[2].__class__ is not tuple)
+        sides = [e for e in entries if e[2] in (1, 4, 6) and (e[2] != 1 or e[4] is not None)]
+        assert len(sides) >= 3  # the raised phase's exit, the scalars, the discard
+    finally:
+        ring.close()
+
+
+class _Calls:
+    """What a writer calls back: the recorder's flags, stack and code lookups, and the
+    refused writes and due calls it made."""
+
+    def __init__(self) -> None:
+        self.flags: dict[str, Any] = {"enabled": True}
+        self.refused: list[tuple[Any, ...]] = []
+        self.due = 0
+
+    def writer(self, kind: type, buffer: Any, capacity: int) -> Any:
+        codes: dict[int, int] = {}
+
+        def code_of(b: Any) -> int:
+            return codes.setdefault(id(b), 16 + len(codes))
+
+        return kind(buffer, capacity, self.flags, lambda: 4242, code_of,
+                    lambda *a: self.refused.append(a), self._due)  # fmt: skip
+
+    def _due(self) -> None:
+        self.due += 1
+
+
+def test_the_c_writer_writes_what_the_python_writer_writes() -> None:
+    _native_or_skip("c")
+    b1 = boundary("data", None, counted=True)
+    b2 = boundary("forward", "backward", begin=ADAPTER)
+    slots = []
+    for kind in (Writer, ring_mod.NATIVE):
+        calls = _Calls()
+        buf = bytearray(SLOT.size * 8)
+        w = calls.writer(kind, buf, 8)
+        w.open = 1
+        w.due = 3
+        w.counted(b1, 32, None, 7, 1000)
+        w.counted(b1, None, 2**40, None, 2000)
+        w.put(SIDE, 0, 4242, 0, NONE, NONE, NONE)
+        w.transition(b2)
+        w.counted(b1, True, 1, 1, 5)  # (a bool is no count: refused)
+        w.counted(b1, 1 << 63, 1, 1, 5)  # (past int64: refused)
+        assert w.pos == 4 and calls.due == 1
+        assert [r[1] for r in calls.refused] == [True, 1 << 63]
+        raw = [SLOT.unpack_from(buf, i * SLOT.size) for i in range(4)]
+        assert raw[3][2] > 0  # (transition reads the clock)
+        slots.append([(*r[:2], 0, *r[3:]) if i == 3 else r for i, r in enumerate(raw)])
+        if kind is not Writer:
+            w.release()
+    assert slots[0] == slots[1]
+    assert slots[0][0] == (16, 0, 1000, 4242, 32, NONE, 7)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_write_the_ring_cannot_take_is_refused(writer: str) -> None:
+    kind = ring_mod.NATIVE if _native_or_skip(writer) else Writer
+    calls = _Calls()
+    w = calls.writer(kind, bytearray(SLOT.size * 2), 2)
+    b = boundary("forward", "optimizer")
+    w.transition(b)  # closed
+    w.open = 1
+    w.transition(b)
+    w.transition(b)
+    w.transition(b)  # full: two slots not let go of
+    w.acked = 1
+    w.transition(b)
+    calls.flags["enabled"] = False
+    w.transition(b)  # recording off
+    assert w.pos == 3
+    assert [r[0] for r in calls.refused] == [b, b, b]
+    assert w.put(2, 0, 1, 5, NONE, NONE, NONE) == -1  # (full again)
+    if kind is not Writer:
+        w.release()
+
+
+def test_a_plain_loop_hands_over_through_the_ring_and_counts_each_step_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end with a real sidecar: the hooks write the ring (the C writer where it
+    was built), the sidecar's replica applies it; /metrics counts every step once."""
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus_port=0,
+                          console="off")  # fmt: skip
+    sess = session_mod.current()
+    try:
+        assert sess is not None and sess.feeder is not None
+        handover = sess.feeder.handover
+        epochs = 0
+        while not handover.raw and epochs < 200:
+            train_epoch(model, opt, loader)
+            epochs += 1
+        assert handover.raw
+        if ring_mod.NATIVE is not None:  # (the hooks call the C writer itself)
+            assert sess.recorder.transition == handover.ring.writer.transition
+        for _ in range(10):
+            train_epoch(model, opt, loader)
+            epochs += 1
+        assert handover.ring.writer.pos > 500
+        assert not sess.recorder._log  # (nothing went the old way)
+        assert otel_train.flush(10.0)
+        assert sess.feeder.stats["steps"] == epochs * len(loader)
+    finally:
+        otel_train.shutdown()
+    assert torch.is_grad_enabled()
