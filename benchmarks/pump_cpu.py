@@ -1,16 +1,22 @@
-"""The training thread's CPU time in the sidecar hand-over, pump by pump.
+"""The training thread's CPU time in otel-train, step by step: hooks, pumps, hand-over.
 
-The tail of a step is what a collective waits for, and a pump (``sidecar/feeder.py``:
-the hand-over of the log to the sidecar process, on the training thread) is the one
-piece of otel-train's own work there that comes in lumps: most steps do none, every
-fourth or so takes the log, and some pumps also read the sidecar's reports, send the
-counters or write the pipe. This trains the MLP of ``tail.py`` (64-256-64, batch 32,
-one torch thread) instrumented at defaults with otel-train's own SDK, and measures each
-step's share of pump work on the training thread's CPU clock (``time.thread_time_ns``
-around the feeder's ``_pump``, and around its parts: the raw take, the counters delivery,
-the control read, the pipe write). A CPU clock over a few hundred microseconds of our
-own code is far less noisy here than a step's wall time (``tail.py``'s ``plain-again``
-shows that noise). Nothing is asserted; it prints one JSON line per run.
+The tail of a step is what a collective waits for, and otel-train's own work on the
+training thread is what can put a lump in it: the hooks (each logs a boundary: a tuple
+appended to the log, or a slot written into the shared-memory ring), and the pumps of
+the sidecar hand-over (``sidecar/feeder.py``: handing the log or the ring's position on,
+sometimes reading the sidecar's reports, sending counters, writing the pipe). This
+trains the MLP of ``tail.py`` (64-256-64, batch 32, one torch thread) instrumented at
+defaults with otel-train's own SDK and measures, on the training thread's CPU clock
+(``time.thread_time_ns``), every call the plain-loop adapter's hooks make into the
+recorder (a timing proxy stands in for it; what a hook does around that call is not
+counted) and every pump on the training thread outside them. Pumps on the feeder's own
+thread are not the training thread's and are left out. Parts are given too: the
+training thread's pumps by kind (the raw hand-over, the counters delivery, the control
+read, the pipe write). A CPU clock over a few microseconds of our own code is far less
+noisy here than a step's wall time (``tail.py``'s ``plain-again`` shows that noise). The
+proxy's own clock reads are inside what it measures: ``probe_us_per_call`` is their cost
+(an empty call timed the same way), about seven calls a step. Nothing is asserted; it
+prints one JSON line per run.
 
 Usage: python benchmarks/pump_cpu.py [--steps 10000] [--warmup 2000] [--runs 2]
        (set OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRAIN_TRACE_STEPS=all for otlp-all)
@@ -23,17 +29,23 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 PARTS = {"raw": "_pump_raw", "delivery": "_send_delivery", "control": "_read_control"}
 
 
-def _timed(obj: Any, attr: str, into: list[int]) -> None:
+def _timed(obj: Any, attr: str, into: list[int], depth: list[int] | None = None) -> None:
+    """Time ``obj.attr`` into ``into`` when called on this thread (and, with ``depth``,
+    outside a call the proxy timed already)."""
     fn = getattr(obj, attr)
     tt = time.thread_time_ns
+    main = threading.get_ident()
 
     def wrapped(*a: Any, **k: Any) -> Any:
+        if threading.get_ident() != main or (depth is not None and depth[0]):
+            return fn(*a, **k)
         t = tt()
         try:
             return fn(*a, **k)
@@ -41,6 +53,68 @@ def _timed(obj: Any, attr: str, into: list[int]) -> None:
             into[0] += tt() - t
 
     setattr(obj, attr, wrapped)
+
+
+class TimedRecorder:
+    """Stands in for the recorder in the adapter's hooks: each call into it timed on the
+    thread's CPU clock. The recorder's method is looked up at every call (a raw session
+    swaps its ``transition`` for the ring's writer); the two every step makes are written
+    out, so that the proxy allocates nothing per call (an allocation here could start a
+    garbage collection inside the measured interval that our code did not cause)."""
+
+    def __init__(self, rec: Any, into: list[int], depth: list[int]) -> None:
+        object.__setattr__(self, "_rec", rec)
+        object.__setattr__(self, "_into", into)
+        object.__setattr__(self, "_depth", depth)
+
+    def transition(self, b: Any) -> None:
+        depth, tt = self._depth, time.thread_time_ns
+        depth[0] += 1
+        t = tt()
+        try:
+            self._rec.transition(b)
+        finally:
+            self._into[0] += tt() - t
+            depth[0] -= 1
+
+    def counted_transition(self, b: Any, s: Any, k: Any, p: Any, t0: int = 0) -> None:
+        depth, tt = self._depth, time.thread_time_ns
+        depth[0] += 1
+        t = tt()
+        try:
+            self._rec.counted_transition(b, s, k, p, t0)
+        finally:
+            self._into[0] += tt() - t
+            depth[0] -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._rec, name)
+        if not callable(value):
+            return value
+        into, depth, tt = self._into, self._depth, time.thread_time_ns
+
+        def timed(*a: Any, **k: Any) -> Any:
+            depth[0] += 1
+            t = tt()
+            try:
+                return value(*a, **k)
+            finally:
+                into[0] += tt() - t
+                depth[0] -= 1
+
+        return timed
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._rec, name, value)
+
+
+def _probe_ns(rounds: int = 20_000) -> float:
+    """The proxy's own cost per call: an empty call timed the same way."""
+    into, depth = [0], [0]
+    probe = TimedRecorder(type("Empty", (), {"transition": lambda self, b: None})(), into, depth)
+    for _ in range(rounds):
+        probe.transition(None)
+    return into[0] / rounds
 
 
 def one(steps: int, warmup: int) -> dict[str, Any]:
@@ -55,9 +129,10 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
     feeder = getattr(session, "feeder", None)
     if feeder is None:
         raise SystemExit("no sidecar: run with otel-train's own SDK (no providers)")
-    total = [0]
+    total, depth = [0], [0]
+    model.forward.adapter.rec = TimedRecorder(session.recorder, total, depth)
+    _timed(feeder, "_pump", total, depth)
     parts = {k: [0] for k in (*PARTS, "write")}
-    _timed(feeder, "_pump", total)
     for key, attr in PARTS.items():
         _timed(feeder, attr, parts[key])
     _timed(feeder.process, "write", parts["write"])
@@ -74,6 +149,10 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
             done += 1
             if done >= steps + warmup:
                 break
+    handover = feeder.handover
+    ring = getattr(handover, "ring", None)  # (before the ring: the log's tuples, pickled)
+    writer = "none" if ring is None else "C" if ring.native else "Python"
+    left = handover.left
     otel_train.shutdown()
     ordered = sorted(per_step)
 
@@ -82,13 +161,16 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
 
     return {
         "steps": len(per_step),
-        "pump_us_per_step_mean": sum(per_step) / len(per_step) / 1e3,
+        "us_per_step_mean": sum(per_step) / len(per_step) / 1e3,
         "p99_us": q(0.99),
         "p99.9_us": q(0.999),
         "max_us": ordered[-1] / 1e3,
+        "steps_over_30_us": sum(v > 30_000 for v in per_step),
         "steps_over_100_us": sum(v > 100_000 for v in per_step),
-        "steps_over_200_us": sum(v > 200_000 for v in per_step),
         "parts_ms": {k: round(v[0] / 1e6, 1) for k, v in parts.items()},
+        "probe_us_per_call": round(_probe_ns() / 1e3, 3),
+        "ring_writer": writer,
+        "raw_sessions_left": left,
     }
 
 
