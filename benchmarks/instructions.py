@@ -15,6 +15,8 @@ steps of a small MLP (DataLoader, forward, backward, SGD), rotated over ``--roun
 - otel-train at its defaults (console off, sampled traces, bridged histograms). The
   worker thread is stopped and its ``process()`` runs once per chunk, inside the chunk:
   about the batch the worker takes every 0.5 s from a ~2.5 ms step;
+- the training thread's share alone (the log applied after the chunk), and the same in
+  a raw hand-over's session, the hooks writing the shared-memory ring (sidecar/raw.py);
 - otel-train's hooks with the recorder switched off (what torch's hook dispatch and our
   wrappers cost before any recording);
 - one OTel SDK span per phase plus one per step (BatchSpanProcessor, dropping exporter).
@@ -62,6 +64,8 @@ def inner(args: argparse.Namespace) -> None:
     import otel_train
     from otel_train import session
     from otel_train.export.setup import in_memory_meter_provider
+    from otel_train.recording.ring import Ring
+    from otel_train.sidecar.raw import RawHandover
 
     torch.set_num_threads(1)
     model, opt, loader = ob.make_job(args.hidden, args.batch, 64)
@@ -92,6 +96,24 @@ def inner(args: argparse.Namespace) -> None:
     def plain() -> None:
         ob.plain_steps(model, opt, loader, args.steps)
 
+    # A raw hand-over's session as the sidecar's feeder opens one (sidecar/raw.py): the
+    # hooks write slots into the shared-memory ring (the C writer where it was built)
+    # and nothing else runs on the training thread; what the sidecar is told goes nowhere.
+    ring = Ring(rec)
+    handover = RawHandover(rec, lambda message: None, ring, lambda: False)
+
+    def ring_session() -> None:
+        instrument()
+        rec.settle()
+        with rec._lock:
+            handover.try_enter()
+        assert handover.raw, "a raw session opens between steps"
+
+    def ring_done() -> None:
+        with rec._lock:
+            handover.leave_raw()
+        ours_thread_done()
+
     def spans() -> None:
         ob.span_steps(model, opt, loader, args.steps, span_tracer)
 
@@ -114,6 +136,7 @@ def inner(args: argparse.Namespace) -> None:
         "plain": (plain, None, None),
         "otel-train (default)": (ours, instrument, uninstrument),
         "otel-train, training thread only": (ours_thread, instrument, ours_thread_done),
+        "training thread, ring session": (ours_thread, ring_session, ring_done),
         "otel-train hooks, recorder off": (plain, lambda: instrument(off=True), uninstrument),
         "OTel SDK span per phase": (spans, None, None),
         "SDK span micro": (span_micro, None, None),
@@ -243,7 +266,8 @@ def main() -> None:
     print(f"\n{'variant':<32}{'instr/step':>12}{'delta':>10}{'spread':>8}{'~us':>8}")
     base = ir["plain"]
     for name in ("plain", "otel-train (default)", "otel-train, training thread only",
-                 "otel-train hooks, recorder off", "OTel SDK span per phase"):  # fmt: skip
+                 "training thread, ring session", "otel-train hooks, recorder off",
+                 "OTel SDK span per phase"):  # fmt: skip
         d = ir[name] - base
         print(f"{name:<32}{ir[name]:>12.0f}{d:>10.0f}{100 * spread[name]:>7.2f}%"
               f"{d * ns_per_ir / 1e3:>8.1f}")  # fmt: skip

@@ -183,6 +183,9 @@ class DeferredLog(PhaseMachine):
         t = self.progress_floor
         try:
             t = max(t, newest_time(self._log))
+            ring = self._ring
+            if ring is not None:  # (a raw session's hooks write there instead)
+                t = max(t, ring.writer.last_t)
             step = self._current
             if step is not None:
                 t = max(t, step.t0, step.phases[-1][P_T1] if step.phases else 0)

@@ -9,7 +9,13 @@ pipelines, the OTLP exporters and ``/metrics``. Why: docs/rationale.md, "Where t
 work runs". The setting ``sidecar='off'`` keeps all of it on a thread of the training
 process instead.
 
-- feeder.py: the training process's end (no thread: pumps run on the training thread);
-- agent.py: the sidecar process;
+- feeder.py: the training process's end (pumps on the training thread when its log or
+  ring asks, and on a small thread of its own that tells how far the ring is written);
+- raw.py: the raw hand-over's sessions: the hooks write the shared-memory ring
+  (recording/ring.py), and the training process catches up from it when asked;
+- process.py: the sidecar's process and the pipes to it;
+- agent.py: the sidecar process (replica.py: its source of finished steps, applying the
+  ring; relay.py: the application's own providers served from here; handback.py: the
+  console's text handed back);
 - wire.py: the messages between them.
 """
