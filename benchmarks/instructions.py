@@ -106,6 +106,7 @@ def inner(args: argparse.Namespace) -> None:
         instrument()
         rec.settle()
         with rec._lock:
+            handover._wait = 0  # (no back-off from the last chunk's end: each opens one)
             handover.try_enter()
         assert handover.raw, "a raw session opens between steps"
 

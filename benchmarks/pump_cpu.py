@@ -9,8 +9,10 @@ trains the MLP of ``tail.py`` (64-256-64, batch 32, one torch thread) instrument
 defaults with otel-train's own SDK and measures, on the training thread's CPU clock
 (``time.thread_time_ns``), every call the plain-loop adapter's hooks make into the
 recorder (a timing proxy stands in for it; what a hook does around that call is not
-counted) and every pump on the training thread outside them. Pumps on the feeder's own
-thread are not the training thread's and are left out. Parts are given too: the
+counted) and every pump on the training thread outside them; right before each recorder
+call it times an empty call the same way, whose per-step sums are this machine's noise
+floor (``floor``: a virtual CPU's clock jumps by tens of microseconds now and then).
+Pumps on the feeder's own thread are not the training thread's and are left out. Parts are given too: the
 training thread's pumps by kind (the raw hand-over, the counters delivery, the control
 read, the pipe write). A CPU clock over a few microseconds of our own code is far less
 noisy here than a step's wall time (``tail.py``'s ``plain-again`` shows that noise). The
@@ -55,6 +57,13 @@ def _timed(obj: Any, attr: str, into: list[int], depth: list[int] | None = None)
     setattr(obj, attr, wrapped)
 
 
+FLOOR = [0]  # the noise floor's sum: see TimedRecorder
+
+
+def _empty(b: Any) -> None:
+    pass
+
+
 class TimedRecorder:
     """Stands in for the recorder in the adapter's hooks: each call into it timed on the
     thread's CPU clock. The recorder's method is looked up at every call (a raw session
@@ -71,20 +80,26 @@ class TimedRecorder:
         depth, tt = self._depth, time.thread_time_ns
         depth[0] += 1
         t = tt()
+        _empty(b)  # (the noise floor: the same clock reads around a call of nothing)
+        t1 = tt()
         try:
             self._rec.transition(b)
         finally:
-            self._into[0] += tt() - t
+            self._into[0] += tt() - t1
+            FLOOR[0] += t1 - t
             depth[0] -= 1
 
     def counted_transition(self, b: Any, s: Any, k: Any, p: Any, t0: int = 0) -> None:
         depth, tt = self._depth, time.thread_time_ns
         depth[0] += 1
         t = tt()
+        _empty(b)
+        t1 = tt()
         try:
             self._rec.counted_transition(b, s, k, p, t0)
         finally:
-            self._into[0] += tt() - t
+            self._into[0] += tt() - t1
+            FLOOR[0] += t1 - t
             depth[0] -= 1
 
     def __getattr__(self, name: str) -> Any:
@@ -137,15 +152,17 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
         _timed(feeder, attr, parts[key])
     _timed(feeder.process, "write", parts["write"])
     per_step: list[int] = []
+    floor: list[int] = []
     done = 0
     while done < steps + warmup:
         for x, y in loader:
-            before = total[0]
+            before, floor0 = total[0], FLOOR[0]
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             if done >= warmup:
                 per_step.append(total[0] - before)
+                floor.append(FLOOR[0] - floor0)
             done += 1
             if done >= steps + warmup:
                 break
@@ -154,10 +171,10 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
     writer = "none" if ring is None else "C" if ring.native else "Python"
     left = handover.left
     otel_train.shutdown()
-    ordered = sorted(per_step)
+    ordered, floor_ordered = sorted(per_step), sorted(floor)
 
-    def q(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] / 1e3
+    def q(p: float, values: list[int] = ordered) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))] / 1e3
 
     return {
         "steps": len(per_step),
@@ -169,6 +186,14 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
         "steps_over_100_us": sum(v > 100_000 for v in per_step),
         "parts_ms": {k: round(v[0] / 1e6, 1) for k, v in parts.items()},
         "probe_us_per_call": round(_probe_ns() / 1e3, 3),
+        # The same clock reads around an empty call just before each recorder call,
+        # summed per step: what this machine adds to a few hundred nanoseconds of code.
+        "floor": {
+            "mean_us": sum(floor) / len(floor) / 1e3,
+            "p99_us": q(0.99, floor_ordered),
+            "p99.9_us": q(0.999, floor_ordered),
+            "max_us": floor_ordered[-1] / 1e3,
+        },
         "ring_writer": writer,
         "raw_sessions_left": left,
     }

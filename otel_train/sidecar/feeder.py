@@ -1,14 +1,16 @@
 """The training process's end of the sidecar: finished steps out, requests in.
 
 The recorder calls :meth:`Feeder.pump` on the training thread when its log passes a
-few dozen entries (about every four steps of a plain loop) or a finished step waits
-(CUDA). Most pumps of a plain loop take the log's entries as they are (raw.py: one
-C-level copy and a pickle); otherwise a pump takes what finished (processing/source.py:
-boundaries applied, CUDA events resolved when they completed) and encodes it (wire.py).
-Frames go to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER``
-bytes waiting, deliveries are dropped and counted. A small thread pumps when the training
-thread has not for ``IDLE_PUMP_S`` (a pause, the end of training). Nothing here waits
-but :meth:`flush` and :meth:`close`, each bounded by its deadline.
+few dozen entries (about every four steps of a plain loop), a finished step waits
+(CUDA), or a raw session's ring has 4,096 slots the sidecar was not told of. In a raw
+session (raw.py) the hooks write the shared-memory ring and a pump only tells how far it
+is written; otherwise a pump takes what finished (processing/source.py: boundaries
+applied, CUDA events resolved when they completed) and encodes it (wire.py). Frames go
+to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER`` bytes waiting,
+deliveries are dropped and counted. A small thread of its own pumps every ``TICK_S``
+in a raw session (so that the training thread does not), and otherwise when the
+training thread has not for ``IDLE_PUMP_S`` (a pause, the end of training). Nothing here
+waits but :meth:`flush` and :meth:`close`, each bounded by its deadline.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ class Feeder:
         # A full pipe ends a raw session: what the ring holds cannot be dropped slot by
         # slot (the sidecar's replica would miss them), finished steps can (counted).
         if self.handover.raw and not final and not self._full():
-            self._pump_raw(idle or pumps % EXTRAS_EVERY == EXTRAS_PHASE)
+            self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
             delivery = self.source.take(derive=False, keep_partial=not final)
             # A session starts on the thread that logs (this pump came from its hook):
