@@ -12,9 +12,9 @@ recorder (a timing proxy stands in for it; what a hook does around that call is 
 counted) and every pump on the training thread outside them; right before each recorder
 call it times an empty call the same way, whose per-step sums are this machine's noise
 floor (``floor``: a virtual CPU's clock jumps by tens of microseconds now and then).
-Pumps on the feeder's own thread are not the training thread's and are left out.
-Parts are given too: the training thread's pumps by kind (the raw hand-over, the counters delivery, the control
-read, the pipe write). A CPU clock over a few microseconds of our own code is far less
+Pumps on the feeder's own thread are not the training thread's and are left out. Parts
+are given too: the training thread's pumps by kind (the raw hand-over, the counters
+delivery, the control read, the pipe write). A CPU clock over a few microseconds of our own code is far less
 noisy here than a step's wall time (``tail.py``'s ``plain-again`` shows that noise). The
 proxy's own clock reads are inside what it measures: ``probe_us_per_call`` is their cost
 (an empty call timed the same way), about seven calls a step. Nothing is asserted; it
