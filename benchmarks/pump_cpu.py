@@ -14,11 +14,11 @@ call it times an empty call the same way, whose per-step sums are this machine's
 floor (``floor``: a virtual CPU's clock jumps by tens of microseconds now and then).
 Pumps on the feeder's own thread are not the training thread's and are left out. Parts
 are given too: the training thread's pumps by kind (the raw hand-over, the counters
-delivery, the control read, the pipe write). A CPU clock over a few microseconds of our own code is far less
-noisy here than a step's wall time (``tail.py``'s ``plain-again`` shows that noise). The
-proxy's own clock reads are inside what it measures: ``probe_us_per_call`` is their cost
-(an empty call timed the same way), about seven calls a step. Nothing is asserted; it
-prints one JSON line per run.
+delivery, the control read, the pipe write). A CPU clock over a few microseconds of our
+own code is far less noisy here than a step's wall time (``tail.py``'s ``plain-again``
+shows that noise). The proxy's own clock reads are inside what it measures:
+``probe_us_per_call`` is their cost (an empty call timed the same way), about seven
+calls a step. Nothing is asserted; it prints one JSON line per run.
 
 Usage: python benchmarks/pump_cpu.py [--steps 10000] [--warmup 2000] [--runs 2]
        (set OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRAIN_TRACE_STEPS=all for otlp-all)
