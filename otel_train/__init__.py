@@ -35,8 +35,10 @@ annotation-only imports counted too::
     processing ─► recording      (the core's consumer side: the source takes finished steps
                                  and recognised runs off the recorder and resolves them;
                                  blocks, metrics, sampling, tables, spans, the hang watch)
-    recording ─► debug           (the core's training-thread side: hooks, the log, the
-                                 state machine, CUDA events; imports no consumer type)
+    recording ─► debug           (the core's training-thread side: hooks, the log and
+                                 the shared-memory ring a raw hand-over's hooks write
+                                 (ring.py, its writer in C: _ring.c), the state machine,
+                                 CUDA events; imports no consumer type)
     debug ─► identity only       (loads without the rest of otel-train)
     signals ─► the foundation; contract, settings ─► each other, identity ─► nothing
 """

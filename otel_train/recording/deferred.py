@@ -215,7 +215,8 @@ class DeferredLog(PhaseMachine):
             if ring is not None:
                 if ring.put_entry(item):
                     return
-                self.settle()  # (full: the sidecar fell behind. Catch up here first)
+                if ring.full():  # (the sidecar fell a ring behind: catch up here first)
+                    self.settle()
             log = self._log
             log.append(item)
             if len(log) > self._log_limit:  # hand them on (sidecar), or apply them here

@@ -205,7 +205,7 @@ class Recorder(TraceEntries):
         recording off): logged as without a ring, after catching up here if it is full
         (the sidecar fell a ring behind)."""
         ring = self._ring
-        if ring is not None and ring.writer.open:
+        if ring is not None and self.enabled and ring.full():
             self.settle()
         if b[B_COUNTED]:
             Recorder.counted_transition(self, b, samples, tokens, padded, t)

@@ -184,6 +184,11 @@ class Ring:
             recorder.refused_write, recorder.ring_due,
         )  # fmt: skip
 
+    def full(self) -> bool:
+        """Whether a write is refused for room: the reader has not let go of a ring."""
+        w = self.writer
+        return bool(w.open) and w.pos - w.acked >= w.capacity
+
     @property
     def native(self) -> bool:
         return not isinstance(self.writer, Writer)

@@ -140,14 +140,15 @@ class RawHandover:
         self._backoff = min(4096, self._backoff * 2)
         rec, ring = self.rec, self.ring
         writer = ring.writer
-        writer.open = 0  # (a write in flight now is refused: it goes to the log, after these)
+        # Entries logged the old way by calls in flight when the session began: older
+        # than the slots. (Taken before the ring closes: what is logged after that is
+        # newer, and the caller applies it after these.)
+        log = rec._log
+        early = [log.popleft() for _ in range(len(log))]
+        writer.open = 0  # (a write in flight now is refused: it goes to the log)
         rec._ring = None
         rec.__dict__.pop("transition", None)
         rec.__dict__.pop("counted_transition", None)
-        # Entries logged the old way by calls in flight when the session began: older
-        # than the slots.
-        early = list(rec._log)
-        rec._log.clear()
         tables = ring.tables
         told, untold = (
             decode(ring.view, ring.capacity, a, b, tables, tables.stack_objects.get, ring.sides)[0]
