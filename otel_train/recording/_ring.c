@@ -16,8 +16,13 @@
 #include <time.h>
 
 #define SLOT_SIZE 48
+#define HEADER 64 /* ring.py: HEADER_FIELDS; the slots follow */
 #define NONE_VALUE INT64_MIN
 #define CACHE 32
+
+/* The header's fields (int64 each): what the writer published, and the reader's
+ * acknowledgement (a seqlock: seq is odd while the reader writes the four after it). */
+enum { H_POS, H_LAST_T, H_ACK_SEQ, H_ACK_SESSION, H_ACK_POS, H_ACK_NEXT, H_ACK_TOKEN };
 
 typedef struct {
     uint32_t kind;
@@ -108,10 +113,30 @@ static int count_value(PyObject *v, int64_t *out) {
     return 0;
 }
 
+static int64_t *header(Ring *self) { return (int64_t *)self->base; }
+
+/* Whether a slot is free: the reader let go of one a ring ago (its acknowledgement in
+ * the header, or the one the training process was told another way: acked). */
+static int has_room(Ring *self) {
+    long long acked = __atomic_load_n(&header(self)[H_ACK_POS], __ATOMIC_ACQUIRE);
+    if (acked < self->acked) acked = self->acked;
+    return self->pos - acked < self->capacity;
+}
+
+/* Store slot s at pos and publish the new position (release: a reader that sees it sees
+ * the slot). */
+static void store(Ring *self, const slot_t *s) {
+    memcpy(self->base + HEADER + (self->pos % self->capacity) * SLOT_SIZE, s, SLOT_SIZE);
+    self->pos++;
+    if (s->t > self->last_t) self->last_t = s->t;
+    __atomic_store_n(&header(self)[H_LAST_T], self->last_t, __ATOMIC_RELAXED);
+    __atomic_store_n(&header(self)[H_POS], self->pos, __ATOMIC_RELEASE);
+}
+
 /* Write one boundary slot; 1 written, 0 refused (caller falls back), -1 error. */
 static int write_boundary(Ring *self, PyObject *b, int64_t a, int64_t bb, int64_t c, int64_t t) {
     if (!self->open || !enabled(self)) return 0;
-    if (self->pos - self->acked >= self->capacity) return 0;
+    if (!has_room(self)) return 0;
     long long code = code_of(self, b);
     if (code < 0) return -1;
     uint64_t stack = stack_token(self);
@@ -124,9 +149,7 @@ static int write_boundary(Ring *self, PyObject *b, int64_t a, int64_t bb, int64_
     s.a = a;
     s.b = bb;
     s.c = c;
-    memcpy(self->base + (self->pos % self->capacity) * SLOT_SIZE, &s, SLOT_SIZE);
-    self->pos++;
-    self->last_t = s.t;
+    store(self, &s);
     return 1;
 }
 
@@ -185,7 +208,7 @@ static PyObject *Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "put(kind, name, stack, t, a, b, c)");
         return NULL;
     }
-    if (!self->open || self->pos - self->acked >= self->capacity) return PyLong_FromLong(-1);
+    if (!self->open || !has_room(self)) return PyLong_FromLong(-1);
     slot_t s;
     s.kind = (uint32_t)PyLong_AsUnsignedLong(args[0]);
     s.name = (uint32_t)PyLong_AsUnsignedLong(args[1]);
@@ -196,9 +219,7 @@ static PyObject *Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
     s.c = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
     long long at = self->pos;
-    memcpy(self->base + (at % self->capacity) * SLOT_SIZE, &s, SLOT_SIZE);
-    self->pos++;
-    if (s.t > self->last_t) self->last_t = s.t;
+    store(self, &s);
     PyObject *r = after_write(self);
     if (r == NULL) return NULL;
     Py_DECREF(r);
@@ -218,7 +239,7 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
-    if (capacity <= 0 || self->view.len < capacity * SLOT_SIZE) {
+    if (capacity <= 0 || self->view.len < HEADER + capacity * SLOT_SIZE) {
         PyBuffer_Release(&self->view);
         PyErr_SetString(PyExc_ValueError, "buffer smaller than capacity slots");
         return -1;
@@ -298,8 +319,90 @@ static PyTypeObject RingType = {
     .tp_members = Ring_members,
 };
 
+/* -- the header, read and written across processes (ring.py: written, publish_ack,
+ * read_ack): with acquire and release, so that on a weakly ordered CPU (aarch64) what
+ * a position or an acknowledgement names is seen with it. */
+
+static int64_t *header_of(PyObject *buffer, Py_buffer *view, int writable) {
+    if (PyObject_GetBuffer(buffer, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view->len < HEADER) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "buffer smaller than the ring's header");
+        return NULL;
+    }
+    return (int64_t *)view->buf;
+}
+
+static PyObject *mod_written(PyObject *m, PyObject *buffer) {
+    Py_buffer view;
+    int64_t *h = header_of(buffer, &view, 0);
+    if (h == NULL) return NULL;
+    long long pos = __atomic_load_n(&h[H_POS], __ATOMIC_ACQUIRE);
+    long long last_t = __atomic_load_n(&h[H_LAST_T], __ATOMIC_RELAXED);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LL)", pos, last_t);
+}
+
+static PyObject *mod_publish_ack(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "publish_ack(buffer, session, pos, next_index, token)");
+        return NULL;
+    }
+    int64_t v[4];
+    for (int i = 0; i < 3; i++) {
+        v[i] = (int64_t)PyLong_AsLongLong(args[i + 1]);
+        if (v[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    v[3] = (int64_t)PyLong_AsUnsignedLongLong(args[4]); /* (a token: an unsigned id) */
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    int64_t *h = header_of(args[0], &view, 1);
+    if (h == NULL) return NULL;
+    int64_t seq = __atomic_load_n(&h[H_ACK_SEQ], __ATOMIC_RELAXED);
+    __atomic_store_n(&h[H_ACK_SEQ], seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&h[H_ACK_SESSION], v[0], __ATOMIC_RELAXED);
+    __atomic_store_n(&h[H_ACK_NEXT], v[2], __ATOMIC_RELAXED);
+    __atomic_store_n(&h[H_ACK_TOKEN], v[3], __ATOMIC_RELAXED);
+    __atomic_store_n(&h[H_ACK_POS], v[1], __ATOMIC_RELEASE);
+    __atomic_store_n(&h[H_ACK_SEQ], seq + 2, __ATOMIC_RELEASE);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_read_ack(PyObject *m, PyObject *buffer) {
+    Py_buffer view;
+    int64_t *h = header_of(buffer, &view, 0);
+    if (h == NULL) return NULL;
+    int64_t s1, s2, session, pos, next, token;
+    do {
+        s1 = __atomic_load_n(&h[H_ACK_SEQ], __ATOMIC_ACQUIRE);
+        session = __atomic_load_n(&h[H_ACK_SESSION], __ATOMIC_RELAXED);
+        pos = __atomic_load_n(&h[H_ACK_POS], __ATOMIC_RELAXED);
+        next = __atomic_load_n(&h[H_ACK_NEXT], __ATOMIC_RELAXED);
+        token = __atomic_load_n(&h[H_ACK_TOKEN], __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        s2 = __atomic_load_n(&h[H_ACK_SEQ], __ATOMIC_RELAXED);
+    } while ((s1 & 1) || s1 != s2);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LLLK)", (long long)session, (long long)pos, (long long)next,
+                         (unsigned long long)token);
+}
+
+static PyMethodDef module_methods[] = {
+    {"written", (PyCFunction)mod_written, METH_O,
+     "written(buffer) -> (position, newest time): what the writer published."},
+    {"publish_ack", (PyCFunction)(void (*)(void))mod_publish_ack, METH_FASTCALL,
+     "publish_ack(buffer, session, position, next_index, token): the reader's idle point."},
+    {"read_ack", (PyCFunction)mod_read_ack, METH_O,
+     "read_ack(buffer) -> (session, position, next_index, token)."},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_ring", "The ring's writer in C (see ring.py).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_ring", "The ring's writer in C (see ring.py).", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__ring(void) {
@@ -314,5 +417,6 @@ PyMODINIT_FUNC PyInit__ring(void) {
         return NULL;
     }
     PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE);
+    PyModule_AddIntConstant(m, "HEADER", HEADER);
     return m;
 }

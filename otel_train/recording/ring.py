@@ -38,6 +38,13 @@ from .layouts import COUNTS, ENTER, EXIT, L_KIND, STEP_BEGIN, STEP_END, MainPhas
 from .scopes import B_COUNTED
 
 SLOT = struct.Struct("<IIqQqqq")  # kind, name, t, stack, a, b, c
+# The header before the slots: what the writer published (position, newest time) and
+# the reader's acknowledgement (a seqlock's sequence, then session, position, next step
+# index and step stack token of its last idle point). The slots start at HEADER.
+HEAD = struct.Struct("<qqqqqqQq")
+(H_POS, H_LAST_T, H_ACK_SEQ, H_ACK_SESSION, H_ACK_POS, H_ACK_NEXT, H_ACK_TOKEN,
+ _H_SPARE) = range(8)  # fmt: skip
+HEADER = HEAD.size
 SIDE = 15  # the entry is beside the ring (Ring.sides), keyed by the slot's position
 FIRST_CODE = 16  # boundary codes: FIRST_CODE + their index in Tables.boundaries
 NONE = -(1 << 63)  # a count that is None
@@ -117,9 +124,11 @@ class Writer:
 
     def _write(self, kind: int, name: int, stack: int, t: int, a: int, b: int, c: int) -> int:
         at = self.pos
-        SLOT.pack_into(self._view, (at % self.capacity) * SLOT.size, kind, name, t, stack, a, b, c)
+        offset = HEADER + (at % self.capacity) * SLOT.size
+        SLOT.pack_into(self._view, offset, kind, name, t, stack, a, b, c)
         self.pos = at + 1
         self.last_t = max(self.last_t, t)
+        _POS.pack_into(self._view, 0, self.pos, self.last_t)
         if self.pos >= self.due:
             self.due = 1 << 62
             with contextlib.suppress(Exception):  # (as the C writer: never into training)
@@ -127,7 +136,8 @@ class Writer:
         return at
 
     def _takes(self) -> bool:
-        return bool(self.open) and self.pos - self.acked < self.capacity
+        acked = max(self.acked, _ACK_POS.unpack_from(self._view, H_ACK_POS * 8)[0])
+        return bool(self.open) and self.pos - acked < self.capacity
 
     def transition(self, b: Any) -> None:
         self.counted(b, None, None, None, 0)
@@ -171,7 +181,7 @@ class Ring:
 
     def __init__(self, recorder: Any, capacity: int = CAPACITY, native: bool = True) -> None:
         self.capacity = capacity
-        size = capacity * SLOT.size
+        size = HEADER + capacity * SLOT.size
         self.fd = _shared_fd(size)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self.view = mmap.mmap(self.fd, size, flags=flags)
@@ -187,7 +197,8 @@ class Ring:
     def full(self) -> bool:
         """Whether a write is refused for room: the reader has not let go of a ring."""
         w = self.writer
-        return bool(w.open) and w.pos - w.acked >= w.capacity
+        acked = max(w.acked, read_ack(self.view)[1])
+        return bool(w.open) and w.pos - acked >= w.capacity
 
     @property
     def native(self) -> bool:
@@ -250,6 +261,44 @@ def _shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+_POS = struct.Struct("<qq")  # the header's position and newest time
+_ACK_POS = struct.Struct("<q")
+_ACK = struct.Struct("<qqqQ")  # session, position, next step index, token
+
+
+def written(view: Any) -> tuple[int, int]:
+    """The position and newest slot time the writer published in ``view``'s header."""
+    if NATIVE is not None:
+        return _ring.written(view)  # type: ignore[no-any-return]
+    pos, last_t = _POS.unpack_from(view, 0)
+    return pos, last_t
+
+
+def publish_ack(view: Any, session: int, pos: int, next_index: int, token: int) -> None:
+    """The reader's last idle point, into ``view``'s header (a seqlock's write)."""
+    if NATIVE is not None:
+        _ring.publish_ack(view, session, pos, next_index, token)
+        return
+    (seq,) = _ACK_POS.unpack_from(view, H_ACK_SEQ * 8)
+    _ACK_POS.pack_into(view, H_ACK_SEQ * 8, seq + 1)
+    _ACK.pack_into(view, H_ACK_SESSION * 8, session, pos, next_index, token)
+    _ACK_POS.pack_into(view, H_ACK_SEQ * 8, seq + 2)
+
+
+def read_ack(view: Any) -> tuple[int, int, int, int]:
+    """``(session, position, next step index, step stack token)`` of the reader's last
+    idle point as the header has it (a seqlock's read)."""
+    if NATIVE is not None:
+        return _ring.read_ack(view)  # type: ignore[no-any-return]
+    while True:
+        (s1,) = _ACK_POS.unpack_from(view, H_ACK_SEQ * 8)
+        ack = _ACK.unpack_from(view, H_ACK_SESSION * 8)
+        (s2,) = _ACK_POS.unpack_from(view, H_ACK_SEQ * 8)
+        if s1 == s2 and not s1 & 1:
+            session, pos, next_index, token = ack
+            return session, pos, next_index, token
+
+
 def _small(v: Any) -> bool:
     """Whether ``v`` fits a count field: None or an int that is not NONE."""
     return v is None or (v.__class__ is int and NONE < v < (1 << 63))
@@ -273,7 +322,8 @@ def decode(
     pos = start
     stacks: dict[int, Any] = {}
     for pos in range(start, end):
-        kind, name, t, token, a, b, c = SLOT.unpack_from(view, (pos % capacity) * SLOT.size)
+        offset = HEADER + (pos % capacity) * SLOT.size
+        kind, name, t, token, a, b, c = SLOT.unpack_from(view, offset)
         if kind == SIDE:
             side = sides.pop(pos, None)
             if side is None:

@@ -49,6 +49,7 @@ EXTRAS_EVERY = 16  # raw pumps between messages with counters, regions and FLOP 
 WRITE_PHASE, EXTRAS_PHASE = 4, 8
 TICK_S = 0.1  # how often the feeder's thread looks whether the training thread pumped
 IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
+CONTROL_TICKS = 5  # in a shared ring's session, ticks between reads of the sidecar's words
 START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 0.2 s)
 PROGRESS_S = 1.0  # how often the feeder's thread tells the sidecar's hang watch the progress
 
@@ -143,13 +144,21 @@ class Feeder:
         for (this thread runs while the training thread is stuck in a call that released
         the GIL)."""
         told = 0.0
+        ticks = 0
         while not self._stop.wait(TICK_S):
             if self.dead:
                 continue
             now = time.monotonic()
-            # (in a raw session this thread tells the sidecar how far the ring is written)
-            if now - self._last_pump >= IDLE_PUMP_S or self.handover.raw:
-                self.pump(idle=True)
+            ticks += 1
+            handover = self.handover
+            if handover.raw and handover.shared:
+                # The sidecar reads how far the ring is written off its header: only side
+                # entries and new codes are told here, and its requests read now and then
+                # (every GIL-holding tick is one the training thread may wait for).
+                if handover.has_news() or ticks % CONTROL_TICKS == 0:
+                    self.pump(idle=True)
+            elif now - self._last_pump >= IDLE_PUMP_S or handover.raw:
+                self.pump(idle=True)  # (a raw session told by messages: every tick)
             if self.relay is not None:
                 self._relay()
             if self.hangs is not None and now - told >= PROGRESS_S:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..recording.recorder import Recorder
-from ..recording.ring import Ring, decode
+from ..recording.ring import Ring, decode, read_ack
 from . import wire
 
 ANNOUNCE_SLOTS = 1 << 12  # slots after which the writer asks for a hand-over at once
@@ -43,6 +43,10 @@ class RawHandover:
         self._send = send
         self._gone = gone
         self.ring = ring
+        # Whether the sidecar reads how far the ring is written off its header, and
+        # publishes its acknowledgements there (the C writer's atomics order them), or is
+        # told both ways in messages (the Python writer).
+        self.shared = ring.native
         self.raw = False
         self.session = 0
         self._acked = 0  # ring position the sidecar's replica was last idle at
@@ -78,7 +82,7 @@ class RawHandover:
         self.session += 1
         ring, writer = self.ring, self.ring.writer
         writer.acked = self._acked = self._told = writer.pos
-        writer.due = writer.pos + ANNOUNCE_SLOTS
+        writer.due = (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS
         writer.open = 1
         rec._ring = ring
         log = rec._log  # (a partial step's entries, kept for the next pump: slots first)
@@ -90,7 +94,7 @@ class RawHandover:
         self._idle = (rec._next_index, stack)
         token = ring.tables.token_of(stack) if stack is not None else None
         self._send((wire.RAW_BEGIN, self.session, rec._next_index, token, self._acked,
-                    self._news()))  # fmt: skip
+                    self._news(), self.shared))  # fmt: skip
 
     def _news(self) -> tuple[list[Any], list[Any], list[Any]]:
         """What the sidecar does not know yet of the codes and tokens."""
@@ -101,21 +105,56 @@ class RawHandover:
         return news
 
     def take(self) -> tuple[Any, ...] | None:
-        """How far the ring is written, with what the sidecar needs to read it (lock
-        held); None when nothing is new."""
+        """What the sidecar needs to read the ring that it was not told yet (lock held):
+        the side entries and codes, and in message mode how far the ring is written (a
+        shared ring's header says that itself: ``shared``); None when nothing is new."""
         rec = self.rec
         if rec._log:  # (a call in flight when the session began logged the old way)
             self.leave_raw()
             return None
         writer = self.ring.writer
-        pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
         rec.note_progress(writer.last_t)  # (the hang watch's progress)
-        writer.due = pos + ANNOUNCE_SLOTS
-        if pos == self._told:
+        if self.shared:
+            self._let_go(read_ack(self.ring.view)[1])
+            if not self.has_news():
+                return None
+        else:
+            writer.due = writer.pos + ANNOUNCE_SLOTS
+        return self._announce()
+
+    def has_news(self) -> bool:
+        """Whether side entries or codes wait to be told (a shared ring's pumps)."""
+        t, (b, n, s), sides = self.ring.tables, self._sent, self.ring.sides
+        return (
+            len(t.boundaries) > b
+            or len(t.names) > n
+            or len(t.stacks) > s
+            or bool(sides and next(reversed(sides)) >= self._told)
+        )
+
+    def _announce(self) -> tuple[Any, ...] | None:
+        writer = self.ring.writer
+        pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
+        news = self._news()
+        if pos == self._told and not any(news):
             return None
         sides = [(p, e) for p, e in self.ring.sides.items() if self._told <= p < pos]
         self._told = pos
-        return (self.session, pos, self._news(), sides)
+        return (self.session, pos, news, sides)
+
+    def acked(self) -> int:
+        """The ring position the sidecar acknowledged last (its header, when shared)."""
+        if self.shared:
+            session, pos, _, _ = read_ack(self.ring.view)
+            return max(self._acked, pos) if session == self.session else self._acked
+        return self._acked
+
+    def _let_go(self, acked: int) -> None:
+        """The side entries before ``acked``: the sidecar has applied them."""
+        sides = self.ring.sides
+        if sides and next(iter(sides)) < acked:
+            for p in [p for p in sides if p < acked]:
+                del sides[p]
 
     def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:
         """The sidecar's replica was idle at ``position`` (lock held)."""
@@ -125,9 +164,7 @@ class RawHandover:
         if token is not None and token not in stacks:
             return  # a stack this process did not name: keep the slots (catch up from before)
         self._acked = self.ring.writer.acked = min(position, self.ring.writer.pos)
-        sides = self.ring.sides
-        for p in [p for p in sides if p < self._acked]:
-            del sides[p]
+        self._let_go(self._acked)
         self._idle = (next_index, stacks.get(token) if token is not None else None)
 
     def leave_raw(self) -> None:
@@ -149,11 +186,16 @@ class RawHandover:
         rec._ring = None
         rec.__dict__.pop("transition", None)
         rec.__dict__.pop("counted_transition", None)
+        # Everything written is told first: the sidecar applies all of it (a shared
+        # ring's header may have shown it any of it already), and so does this process.
+        final = self._announce()
+        if final is not None:
+            self._send((wire.RING, *final))
+        if self.shared:
+            self._acked_from_header()
         tables = ring.tables
-        told, untold = (
-            decode(ring.view, ring.capacity, a, b, tables, tables.stack_objects.get, ring.sides)[0]
-            for a, b in ((self._acked, self._told), (self._told, writer.pos))
-        )
+        slots = decode(ring.view, ring.capacity, self._acked, writer.pos, tables,
+                       tables.stack_objects.get, ring.sides)[0]  # fmt: skip
         ring.sides.clear()
         rec._next_index, rec.step_stack = self._idle
         rec._current = None
@@ -163,14 +205,21 @@ class RawHandover:
         replay = rec._replay
         for entry in early:
             replay(entry)
-        for entry in told:
+        for entry in slots:
             replay(entry)
         rec.dropped_steps, rec.dropped_phases = dropped
-        self.caught_up += len(told) + len(untold)
+        self.caught_up += len(slots)
         while rec._pending and not self._gone():  # the sidecar's replica has them
             rec._release_step(rec._pending.popleft())
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
         self._send((wire.RAW_END, self.session))
-        for entry in untold:  # (never told: what they finish is handed on from here)
-            replay(entry)
+
+    def _acked_from_header(self) -> None:
+        """A shared ring's last acknowledgement, as the sidecar published it."""
+        session, pos, next_index, token = read_ack(self.ring.view)
+        stacks = self.ring.tables.stack_objects
+        if session != self.session or pos <= self._acked or (token and token not in stacks):
+            return
+        self._acked = min(pos, self.ring.writer.pos)
+        self._idle = (next_index, stacks.get(token) if token else None)

@@ -21,7 +21,7 @@ from typing import Any
 from ..processing.blocks import Shape
 from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.recorder import Recorder
-from ..recording.ring import SLOT, Tables, decode
+from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, written
 from . import wire
 from .wire import replica_stacks, stack_of
 
@@ -36,6 +36,9 @@ MAX_HELD_STEPS = 1024
 # Slots decoded at a time: a ring the sidecar fell behind on is applied in pieces, so
 # that its entries never wait here all at once as objects.
 DECODE_SLOTS = 4096
+# Unread slots of a shared ring that make the worker take them before its next batch
+# time (it looks every 50 ms): the writer refuses past a whole ring not let go of.
+DUE_SLOTS = 4096
 
 
 class RingTables(Tables):
@@ -74,7 +77,8 @@ class RemoteSource:
             fd, self._capacity = ring
             size = self._capacity * SLOT.size
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self._view = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+            self._view = mmap.mmap(fd, HEADER + size, flags=flags)  # (acks go in its header)
+        self.shared = False  # this raw session's ring says how far it is written (raw.py)
         self.tables = RingTables()
         self._sides: dict[int, tuple[Any, ...]] = {}
         self._start = 0  # ring position of this raw session's first slot
@@ -103,29 +107,36 @@ class RemoteSource:
             self.dropped += n
 
     def ring(self, session: int, position: int, news: Any, sides: list[tuple[int, Any]]) -> None:
-        """The ring is written up to ``position``: apply its slots, in pieces."""
+        """The ring is written up to ``position``, with these codes and side entries:
+        apply its slots."""
         with self._lock:
             if self.disabled or session != self.session:
                 return
             self.tables.learn(news)
             self._sides.update(sides)
             self._written = max(self._written, position)
-            while self._read < self._written:
-                end = min(self._written, self._read + DECODE_SLOTS)
-                entries, self._read = decode(self._view, self._capacity, self._read, end,
-                                             self.tables, self.tables.stack_objects.get,
-                                             self._sides)  # fmt: skip
-                self.replica._log.extend(entries)
-                self._appended += len(entries)
-                if self._read < end:
-                    break  # (a side entry or a code not here yet: the next message has it)
-                if self._written - self._read > 0:
-                    self._apply()
-            # The training process keeps the ring's slots since the last idle point this
-            # reports: apply and report every REPORT_S (not per message: this process's
-            # CPU is the training node's too).
-            if time.monotonic() - self._drained >= REPORT_S:
+            self._advance()
+
+    def _advance(self) -> None:
+        """Apply the slots written past what was read, in pieces (lock held). The
+        training process keeps its slots since the last idle point this reports: apply
+        and report every REPORT_S at least (not per message: this process's CPU is the
+        training node's too)."""
+        if self.shared:  # (how far it is written: the writer's header says)
+            self._written = max(self._written, written(self._view)[0])
+        while self._read < self._written:
+            end = min(self._written, self._read + DECODE_SLOTS)
+            entries, self._read = decode(self._view, self._capacity, self._read, end,
+                                         self.tables, self.tables.stack_objects.get,
+                                         self._sides)  # fmt: skip
+            self.replica._log.extend(entries)
+            self._appended += len(entries)
+            if self._read < end:
+                break  # (a side entry or a code not here yet: the next message has it)
+            if self._read < self._written:
                 self._apply()
+        if time.monotonic() - self._drained >= REPORT_S:
+            self._apply()
 
     def _apply(self) -> None:
         self._drained = time.monotonic()
@@ -138,8 +149,11 @@ class RemoteSource:
         return delivery
 
     def raw_begin(self, session: int, next_index: int, token: Any, position: int,
-                  news: Any) -> None:  # fmt: skip
+                  news: Any, shared: bool) -> None:  # fmt: skip
+        """A raw session from ring position ``position``; ``shared``: the ring's header
+        says how far it is written and takes the acknowledgements (raw.py)."""
         with self._lock:
+            self.shared = shared and self._view is not None
             self.tables.learn(news)
             rep = self.replica
             rep._next_index = next_index
@@ -154,6 +168,7 @@ class RemoteSource:
         with self._lock:
             if session != self.session:
                 return
+            self._advance()  # (to where the training process said it caught up from)
             self._hold(self._replica_take(keep_partial=False))
             rep = self.replica
             rep._current = None
@@ -166,8 +181,10 @@ class RemoteSource:
     def take(self) -> Delivery:
         out = Delivery(counters=self.counters)
         with self._lock:
-            if self.session is not None and self.replica._log:
-                self._apply()
+            if self.session is not None:
+                self._advance()
+                if self.replica._log:
+                    self._apply()
             deliveries, self._deliveries = self._deliveries, collections.deque()
             self._held = 0
         extra = self.replica
@@ -201,7 +218,11 @@ class RemoteSource:
         self._reported = position
         tokens = {id(v): k for k, v in self.tables.stack_objects.items()}
         token = tokens.get(id(stack)) if stack is not None else None
-        self._out((wire.IDLE, self.session, position, next_index, token))
+        if self.shared:
+            assert self.session is not None
+            publish_ack(self._view, self.session, position, next_index, token or 0)
+        else:
+            self._out((wire.IDLE, self.session, position, next_index, token))
 
     def finish(self) -> None:
         """The end: apply what the replica still holds, a partial last step included."""
@@ -211,10 +232,16 @@ class RemoteSource:
 
     def has_work(self) -> bool:
         # (a partial step kept in the replica's log is not work until finish())
-        return bool(self._deliveries)
+        return bool(self._deliveries) or self._unread() > 0
 
     def backlog_due(self) -> bool:
-        return len(self._deliveries) >= 64
+        return len(self._deliveries) >= 64 or self._unread() >= DUE_SLOTS
+
+    def _unread(self) -> int:
+        """Slots of a shared ring written and not read yet (no lock: only a figure)."""
+        if not self.shared or self.session is None:
+            return 0
+        return int(written(self._view)[0]) - self._read
 
     def disable(self) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from otel_helpers import providers
 
@@ -20,7 +21,7 @@ import otel_train
 from otel_train import session as session_mod
 from otel_train.recording.layouts import L_KIND, SCALARS, STEP_END
 from otel_train.recording.recorder import Recorder
-from otel_train.recording.ring import Ring
+from otel_train.recording.ring import Ring, read_ack
 from otel_train.sidecar import wire
 from otel_train.sidecar.replica import RemoteSource
 from otel_train.testing import InMemoryTelemetry
@@ -54,16 +55,19 @@ def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
     return settings, entries
 
 
-def test_each_piece_reports_the_last_idle_point_it_passed() -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["messages", "header"])
+def test_each_piece_reports_the_last_idle_point_it_passed(shared: bool) -> None:
+    """``shared``: the acknowledgements go in the ring's header (the C writer's sessions)
+    rather than in messages."""
     settings, entries = _explicit_log()
     ring = Ring(Recorder(settings), capacity=256)
     try:
-        _check_reports(settings, entries, ring)
+        _check_reports(settings, entries, ring, shared)
     finally:
         ring.close()
 
 
-def _check_reports(settings: Any, entries: list[tuple[Any, ...]], ring: Ring) -> None:
+def _check_reports(settings: Any, entries: list[tuple[Any, ...]], ring: Ring, shared: bool) -> None:
     # Idle after a step's end, and after the loss recorded between steps.
     idle = {0} | {i + 1 for i, e in enumerate(entries) if e[L_KIND] in (STEP_END, SCALARS)}
     assert len(idle) == 2 * STEPS + 1, [e[L_KIND] for e in entries[:10]]
@@ -80,7 +84,17 @@ def _check_reports(settings: Any, entries: list[tuple[Any, ...]], ring: Ring) ->
         told = (len(t.boundaries), len(t.names), len(t.stacks))
         return out
 
-    source.raw_begin(1, 0, token, 0, news())
+    source.raw_begin(1, 0, token, 0, news(), shared)
+
+    def reports() -> list[tuple[Any, ...]]:
+        """The acknowledgements since the last look: (session, position, index, token)."""
+        if not shared:
+            out = [m[1:] for m in sent if m[0] == wire.IDLE]
+            sent.clear()
+            return out
+        ack = read_ack(ring.view)
+        return [ack] if ack[1] > reported else []
+
     piece = 5  # (a step writes 6 slots and a loss 1: pieces end inside steps)
     reported = 0
     for start in range(0, len(entries), piece):
@@ -90,16 +104,15 @@ def _check_reports(settings: Any, entries: list[tuple[Any, ...]], ring: Ring) ->
         sides = [(p, e) for p, e in ring.sides.items() if start <= p < end]
         source.ring(1, end, news(), sides)
         source.take()
-        reports = [m for m in sent if m[0] == wire.IDLE]
-        sent.clear()
+        got = reports()
         expected = max(i for i in idle if i <= end)
         if expected > reported:
-            assert [m[2] for m in reports] == [expected], end
-            session_, _, next_index, named = reports[0][1:]
+            assert [r[1] for r in got] == [expected], end
+            session_, _, next_index, named = got[0]
             assert session_ == 1 and named == token
             assert next_index == sum(1 for i in idle if 0 < i <= expected and
                                      entries[i - 1][L_KIND] == STEP_END)  # fmt: skip
             reported = expected
         else:
-            assert reports == [], end
+            assert got == [], end
     assert reported == len(entries)

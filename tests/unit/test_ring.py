@@ -20,7 +20,7 @@ import otel_train
 from otel_train import session as session_mod
 from otel_train.recording import ring as ring_mod
 from otel_train.recording.recorder import ADAPTER, Recorder, boundary
-from otel_train.recording.ring import NONE, SIDE, SLOT, Ring, Writer, decode
+from otel_train.recording.ring import HEADER, NONE, SIDE, SLOT, Ring, Writer, decode
 from otel_train.settings import Settings
 from otel_train.testing import InMemoryTelemetry
 
@@ -118,7 +118,7 @@ def test_the_c_writer_writes_what_the_python_writer_writes() -> None:
     slots = []
     for kind in (Writer, ring_mod.NATIVE):
         calls = _Calls()
-        buf = bytearray(SLOT.size * 8)
+        buf = bytearray(HEADER + SLOT.size * 8)
         w = calls.writer(kind, buf, 8)
         w.open = 1
         w.due = 3
@@ -130,7 +130,8 @@ def test_the_c_writer_writes_what_the_python_writer_writes() -> None:
         w.counted(b1, 1 << 63, 1, 1, 5)  # (past int64: refused)
         assert w.pos == 4 and calls.due == 1
         assert [r[1] for r in calls.refused] == [True, 1 << 63]
-        raw = [SLOT.unpack_from(buf, i * SLOT.size) for i in range(4)]
+        raw = [SLOT.unpack_from(buf, HEADER + i * SLOT.size) for i in range(4)]
+        assert ring_mod.written(buf)[0] == 4  # (published in the header)
         assert raw[3][2] > 0  # (transition reads the clock)
         slots.append([(*r[:2], 0, *r[3:]) if i == 3 else r for i, r in enumerate(raw)])
         if kind is not Writer:
@@ -143,20 +144,23 @@ def test_the_c_writer_writes_what_the_python_writer_writes() -> None:
 def test_a_write_the_ring_cannot_take_is_refused(writer: str) -> None:
     kind = ring_mod.NATIVE if _native_or_skip(writer) else Writer
     calls = _Calls()
-    w = calls.writer(kind, bytearray(SLOT.size * 2), 2)
+    buf = bytearray(HEADER + SLOT.size * 2)
+    w = calls.writer(kind, buf, 2)
     b = boundary("forward", "optimizer")
     w.transition(b)  # closed
     w.open = 1
     w.transition(b)
     w.transition(b)
     w.transition(b)  # full: two slots not let go of
-    w.acked = 1
+    ring_mod.publish_ack(buf, 1, 1, 0, 0)  # (the reader let go of one: in the header)
     w.transition(b)
     calls.flags["enabled"] = False
     w.transition(b)  # recording off
     assert w.pos == 3
     assert [r[0] for r in calls.refused] == [b, b, b]
     assert w.put(2, 0, 1, 5, NONE, NONE, NONE) == -1  # (full again)
+    w.acked = 2  # (or told so another way)
+    assert w.put(2, 0, 1, 5, NONE, NONE, NONE) == 3
     if kind is not Writer:
         w.release()
 
@@ -193,3 +197,21 @@ def test_a_plain_loop_hands_over_through_the_ring_and_counts_each_step_once(
     finally:
         otel_train.shutdown()
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_the_header_carries_the_readers_acknowledgement(
+    writer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the sidecar publishes (its last idle point) reads back whole, from the C
+    helpers and the Python ones alike, and one reads what the other wrote."""
+    native = _native_or_skip(writer)
+    buf = bytearray(HEADER)
+    if not native:
+        monkeypatch.setattr(ring_mod, "NATIVE", None)
+    ring_mod.publish_ack(buf, 3, 120, 17, 2**63 + 5)
+    assert ring_mod.read_ack(buf) == (3, 120, 17, 2**63 + 5)
+    ring_mod.publish_ack(buf, 3, 150, 21, 0)
+    monkeypatch.setattr(ring_mod, "NATIVE", None)  # (the Python reader of what was written)
+    assert ring_mod.read_ack(buf) == (3, 150, 21, 0)
+    assert ring_mod.written(buf) == (0, 0)

@@ -126,8 +126,8 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
         train_epoch(model, opt, loader)
         epochs += 1
     time.sleep(1.0)  # idle: the feeder's own pumps read the sidecar's idle reports
-    # The case under test: everything written was told and acknowledged.
-    assert handover._acked == handover._told == handover.ring.writer.pos > 0
+    # The case under test: everything written was acknowledged.
+    assert handover.acked() == handover.ring.writer.pos > 0
     assert sess.recorder.current_step is None  # the state asked for right after
     assert handover.caught_up == 0  # (nothing followed the idle point)
     assert handover.left >= 1 and not handover.raw
