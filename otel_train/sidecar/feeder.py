@@ -1,16 +1,18 @@
 """The training process's end of the sidecar: finished steps out, requests in.
 
 The recorder calls :meth:`Feeder.pump` on the training thread when its log passes a
-few dozen entries (about every four steps of a plain loop), a finished step waits
-(CUDA), or a raw session's ring has 4,096 slots the sidecar was not told of. In a raw
-session (raw.py) the hooks write the shared-memory ring and a pump only tells how far it
-is written; otherwise a pump takes what finished (processing/source.py: boundaries
-applied, CUDA events resolved when they completed) and encodes it (wire.py). Frames go
-to the sidecar's stdin without waiting (process.py); past ``MAX_BUFFER`` bytes waiting,
-deliveries are dropped and counted. A small thread of its own pumps every ``TICK_S``
-in a raw session (so that the training thread does not), and otherwise when the
-training thread has not for ``IDLE_PUMP_S`` (a pause, the end of training). Nothing here
-waits but :meth:`flush` and :meth:`close`, each bounded by its deadline.
+few dozen entries (about every four steps of a plain loop) or a finished step waits
+(CUDA). In a raw session (raw.py) the hooks write the shared-memory ring instead, and
+the training thread pumps no more: the sidecar reads how far the ring is written off
+its header (with the Python writer, a pump tells it, also when 4,096 slots were not
+told), and a small thread of this feeder tells it the side entries and new codes the
+slots name and reads its requests now and then. Otherwise a pump takes what finished
+(processing/source.py: boundaries applied, CUDA events resolved when they completed)
+and encodes it (wire.py), and the small thread pumps when the training thread has not
+for ``IDLE_PUMP_S`` (a pause, the end of training). Frames go to the sidecar's stdin
+without waiting (process.py); past ``MAX_BUFFER`` bytes waiting, deliveries are dropped
+and counted. Nothing here waits but :meth:`flush` and :meth:`close`, each bounded by its
+deadline.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class Feeder:
             self.process.write()
 
     def _pump_raw(self, extras: bool) -> None:
-        """A raw session's pump: how far the ring is written (raw.py)."""
+        """A raw session's pump: what the sidecar was not told of the ring (raw.py)."""
         with self.source.recorder._lock:
             told = self.handover.take()
         if told is not None:

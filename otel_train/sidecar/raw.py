@@ -5,23 +5,25 @@ thread ~70 us per pump on cold caches, whatever the number of steps in it; copyi
 pickling it for the pipe cost most of a pump's lumps (benchmarks/README.md, "Pump
 lumps"). In a raw session the hooks write their boundaries as fixed slots into the ring
 (recording/ring.py), which the sidecar maps: nothing is taken or pickled on the training
-thread. The feeder's thread tells the sidecar how far the ring is written (with the
-codes, stacks and side entries it has not sent yet) every tick, and the sidecar's replica
-recorder applies the slots.
+thread. With the C writer the ring's header says how far it is written, and the sidecar
+(sidecar/replica.py) reads it there and publishes its acknowledgements there (the
+*shared* mode); the feeder's thread only tells it the codes, stacks and side entries it
+has not seen. With the Python writer, whose stores carry no ordering a reader on
+another core could rely on, the feeder's thread tells the position too, and the
+acknowledgements come back as messages.
 
-The training process's own state machine then lags; the ring keeps what was written
-since the last point the sidecar found its replica idle (no open step, no open phase),
-so that anything that needs the state here (an adapter asking for the open step, an
-exception, the FLOP probe, shutdown) has the recorder catch up first: it decodes those
-slots, replays them locally from that idle point, drops the steps they finish (the
-sidecar has them) and continues with its own state, handing on finished steps again
-(the parts mode). A ring the sidecar fell a whole ring behind on refuses the next write,
-and the recorder catches up the same way. Raw mode starts again at the next point where
-the local recorder is idle with nothing waiting.
+The training process's own state machine lags; the ring keeps what was written since
+the last point the sidecar found its replica idle (no open step, no open phase), so
+that anything that needs the state here (an adapter asking for the open step, an
+exception, the FLOP probe, shutdown) has the recorder catch up first: it tells the
+sidecar everything written, decodes the slots from that idle point, replays them
+locally, drops the steps they finish (the sidecar has them) and continues with its own
+state, handing on finished steps again (the parts mode). A ring the sidecar fell a whole
+ring behind on refuses the next write, and the recorder catches up the same way. Raw
+mode starts again at the next point where the local recorder is idle.
 
-Positions are the ring's (slots written since it was made); the sidecar reports
-``(IDLE, session, position, next_index, step-stack token)`` and the slots before
-``position`` are let go.
+Positions are the ring's (slots written since it was made); the sidecar's idle points
+``(session, position, next_index, step-stack token)`` let go of the slots before them.
 """
 
 from __future__ import annotations
