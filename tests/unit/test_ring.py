@@ -10,6 +10,7 @@ raises, user scalars and an exhausted loader's discard (side entries).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -165,11 +166,16 @@ def test_a_write_the_ring_cannot_take_is_refused(writer: str) -> None:
         w.release()
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 def test_a_plain_loop_hands_over_through_the_ring_and_counts_each_step_once(
-    monkeypatch: pytest.MonkeyPatch,
+    writer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """End to end with a real sidecar: the hooks write the ring (the C writer where it
-    was built), the sidecar's replica applies it; /metrics counts every step once."""
+    """End to end with a real sidecar: the hooks write the ring, the sidecar's replica
+    applies it, and counts every step once. With the C writer the ring's header carries
+    the position and the acknowledgements; with the Python writer, messages do."""
+    native = _native_or_skip(writer)
+    if not native:
+        monkeypatch.setattr(ring_mod, "NATIVE", None)
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     model, opt = tiny_model()
@@ -184,14 +190,16 @@ def test_a_plain_loop_hands_over_through_the_ring_and_counts_each_step_once(
         while not handover.raw and epochs < 200:
             train_epoch(model, opt, loader)
             epochs += 1
-        assert handover.raw
-        if ring_mod.NATIVE is not None:  # (the hooks call the C writer itself)
-            assert sess.recorder.transition == handover.ring.writer.transition
+        assert handover.raw and handover.shared == native
+        assert sess.recorder.transition == handover.ring.writer.transition
+        assert isinstance(handover.ring.writer, Writer) != native
         for _ in range(10):
             train_epoch(model, opt, loader)
             epochs += 1
         assert handover.ring.writer.pos > 500
         assert not sess.recorder._log  # (nothing went the old way)
+        time.sleep(1.0)  # (the sidecar acknowledges: the ring's slots are let go of)
+        assert handover.acked() > 0
         assert otel_train.flush(10.0)
         assert sess.feeder.stats["steps"] == epochs * len(loader)
     finally:
