@@ -34,7 +34,8 @@ from ..recording.recorder import Recorder
 from ..recording.ring import Ring, decode, read_ack
 from . import wire
 
-ANNOUNCE_SLOTS = 1 << 12  # slots after which the writer asks for a hand-over at once
+ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-over
+CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
 
 
 class RawHandover:
@@ -195,24 +196,26 @@ class RawHandover:
             self._send((wire.RING, *final))
         if self.shared:
             self._acked_from_header()
-        tables = ring.tables
-        slots = decode(ring.view, ring.capacity, self._acked, writer.pos, tables,
-                       tables.stack_objects.get, ring.sides)[0]  # fmt: skip
-        ring.sides.clear()
         rec._next_index, rec.step_stack = self._idle
         rec._current = None
         loose = len(rec.loose_scalars)
         # The sidecar's replica counts what these entries drop: do not count it twice.
         dropped = rec.dropped_steps, rec.dropped_phases
-        replay = rec._replay
+        replay, gone = rec._replay, self._gone()
         for entry in early:
             replay(entry)
-        for entry in slots:
-            replay(entry)
+        tables, start = ring.tables, self._acked
+        while start < writer.pos:  # (in pieces: a ring's worth is thousands of steps)
+            end = min(writer.pos, start + CATCH_UP_SLOTS)
+            for entry in decode(ring.view, ring.capacity, start, end, tables,
+                                tables.stack_objects.get, ring.sides)[0]:  # fmt: skip
+                replay(entry)
+            self.caught_up += end - start
+            start = end
+            while rec._pending and not gone:  # the sidecar's replica has them
+                rec._release_step(rec._pending.popleft())
+        ring.sides.clear()
         rec.dropped_steps, rec.dropped_phases = dropped
-        self.caught_up += len(slots)
-        while rec._pending and not self._gone():  # the sidecar's replica has them
-            rec._release_step(rec._pending.popleft())
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
         self._send((wire.RAW_END, self.session))
