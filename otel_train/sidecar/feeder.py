@@ -90,20 +90,8 @@ class Feeder:
         self._flush_seq = 0
         self.stats: dict[str, Any] = {}  # the sidecar's figures at the last flush
         self.relay: RelayIn | None = None
-        relay_w = None
-        if relay is not None:
-            relay_r, relay_w = os.pipe()
-            self.relay = RelayIn(relay_r, relay, rank(), offset_ns, version)
         self.ring = Ring(source.recorder)  # (its memory is the sidecar's to read too)
-        try:
-            ring = (self.ring.fd, self.ring.capacity)
-            self.process = SidecarProcess(metrics_socket, relay_w, ring)
-        except BaseException:
-            self.ring.close()
-            raise
-        finally:
-            if relay_w is not None:
-                os.close(relay_w)  # (the sidecar holds it now)
+        self.process = self._start(metrics_socket, relay, offset_ns, version)
         self.handover = RawHandover(
             source.recorder, self.process.send, self.ring, self.process.gone
         )
@@ -131,6 +119,25 @@ class Feeder:
         self._last_pump = time.monotonic()
         self._stop = threading.Event()
         threading.Thread(target=self._tick, name="otel-train-feeder", daemon=True).start()
+
+    def _start(
+        self, metrics_socket: Any | None, relay: Any, offset_ns: int, version: str
+    ) -> SidecarProcess:
+        """The sidecar's process, handed the metrics socket, the relay's pipe (the
+        application's providers, when there are: relay.py) and the ring's memory."""
+        relay_w = None
+        if relay is not None:
+            relay_r, relay_w = os.pipe()
+            self.relay = RelayIn(relay_r, relay, rank(), offset_ns, version)
+        try:
+            ring = (self.ring.fd, self.ring.capacity)
+            return SidecarProcess(metrics_socket, relay_w, ring)
+        except BaseException:
+            self.ring.close()
+            raise
+        finally:
+            if relay_w is not None:
+                os.close(relay_w)  # (the sidecar holds it now)
 
     @property
     def proc(self) -> Any:
