@@ -338,11 +338,7 @@ class Feeder:
         and stop writing to the ring (its memory is the parent's too)."""
         self._stop.set()
         self.process.forget()
-        self.ring.writer.open = 0
-        rec = self.source.recorder
-        rec._ring = None
-        rec.__dict__.pop("transition", None)
-        rec.__dict__.pop("counted_transition", None)
+        self.handover.detach()
 
     # -- flush and shutdown (bounded) ----------------------------------------------------
 

@@ -185,10 +185,7 @@ class RawHandover:
         # newer, and the caller applies it after these.)
         log = rec._log
         early = [log.popleft() for _ in range(len(log))]
-        writer.open = 0  # (a write in flight now is refused: it goes to the log)
-        rec._ring = None
-        rec.__dict__.pop("transition", None)
-        rec.__dict__.pop("counted_transition", None)
+        self.detach()
         # Everything written is told first: the sidecar applies all of it (a shared
         # ring's header may have shown it any of it already), and so does this process.
         final = self._announce()
@@ -219,6 +216,15 @@ class RawHandover:
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
         self._send((wire.RAW_END, self.session))
+
+    def detach(self) -> None:
+        """The hooks write no more to the ring: a write in flight now is refused and goes
+        to the log, and the recorder's own ``transition`` methods are back."""
+        self.ring.writer.open = 0
+        rec = self.rec
+        rec._ring = None
+        rec.__dict__.pop("transition", None)
+        rec.__dict__.pop("counted_transition", None)
 
     def _acked_from_header(self) -> None:
         """A shared ring's last acknowledgement, as the sidecar published it."""
