@@ -24,16 +24,28 @@ from operator import itemgetter, sub
 from typing import Any
 
 from ..recording.collectives import Waits
-from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_PARENT, P_SECONDS, P_SEQ
+from ..recording.layouts import (
+    L_PADDED,
+    L_SAMPLES,
+    L_SCALARS,
+    L_TIME,
+    L_TOKENS,
+    P_EV0,
+    P_MEMORY,
+    P_NAME,
+    P_PARENT,
+    P_SECONDS,
+    P_SEQ,
+)
 from ..recording.templates import Run, Template
 from ..recording.values import add_count
 from .resolved import ResolvedStep, scalar_value
 
 MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
-_TIME = itemgetter(1)
-_SAMPLES = itemgetter(3)
-_TOKENS = itemgetter(4)
-_PADDED = itemgetter(5)
+_TIME = itemgetter(L_TIME)
+_SAMPLES = itemgetter(L_SAMPLES)
+_TOKENS = itemgetter(L_TOKENS)
+_PADDED = itemgetter(L_PADDED)
 Column = list[int | None]  # one count per step of a block
 # Each recognised shape's Shape, made at its first block (weakly: a template goes when
 # its recorder or the sidecar's table lets it go)
@@ -49,18 +61,20 @@ class Shape:
     def __init__(
         self, rows: Sequence[tuple[int, int, str]], devices: Sequence[bool] | None = None
     ) -> None:
-        self.seqs = [r[0] for r in rows]
-        self.parents = [r[1] for r in rows]
-        self.names = [r[2] for r in rows]
+        self.seqs = [seq for seq, _, _ in rows]
+        self.parents = [parent for _, parent, _ in rows]
+        self.names = [name for _, _, name in rows]
         self.devices = list(devices) if devices is not None else [False] * len(rows)
         # Equal for equal shapes, whichever producer made them (sampling.py's new shapes).
         self.key = (tuple(self.seqs), tuple(self.parents), tuple(self.names), tuple(self.devices))
         depth: dict[int, int] = {}
         for seq, parent, _ in rows:  # (a parent not among the rows counts as depth 0)
             depth[seq] = depth.get(parent, 0) + 1 if parent >= 0 else 0
-        self.depths = [depth[r[0]] for r in rows]
+        self.depths = [depth[seq] for seq in self.seqs]
         # Top-level "data" phases: the step's data-loading wait (efficiency.py).
-        self.data_rows = [i for i, r in enumerate(rows) if r[1] < 0 and r[2] == "data"]
+        self.data_rows = [
+            i for i, (_, parent, name) in enumerate(rows) if parent < 0 and name == "data"
+        ]
         # Collectives' rows and the rows they ran in (collectives.py).
         self.waits = Waits(self.seqs, self.parents, self.names)
 
@@ -253,7 +267,9 @@ class StepBlock:
             for p in tpl.scalars:
                 for out, entry in zip(per_step, self._entries[p::m], strict=True):
                     out.extend(
-                        (n, v) for n, raw in entry[3] if (v := scalar_value(raw)) is not None
+                        (n, v)
+                        for n, raw in entry[L_SCALARS]
+                        if (v := scalar_value(raw)) is not None
                     )
             self.scalars = per_step
         self._entries = []
@@ -292,9 +308,9 @@ class StepBlock:
         padded = list(map(_PADDED, self._entries[c::m]))
         for c in tpl.counts[1:]:  # several fetches per step (gradient accumulation)
             more = self._entries[c::m]
-            samples = [add_count(a, e[3]) for a, e in zip(samples, more, strict=True)]
-            tokens = [add_count(a, e[4]) for a, e in zip(tokens, more, strict=True)]
-            padded = [add_count(a, e[5]) for a, e in zip(padded, more, strict=True)]
+            samples = [add_count(a, e[L_SAMPLES]) for a, e in zip(samples, more, strict=True)]
+            tokens = [add_count(a, e[L_TOKENS]) for a, e in zip(tokens, more, strict=True)]
+            padded = [add_count(a, e[L_PADDED]) for a, e in zip(padded, more, strict=True)]
         return samples, tokens, padded
 
     # -- reading -------------------------------------------------------------------------
@@ -386,7 +402,8 @@ def template_shape(template: Template) -> Shape:
     """The Shape of a recognised step's template (made once per template)."""
     shape = _TEMPLATE_SHAPES.get(template)
     if shape is None:
-        shape = _TEMPLATE_SHAPES[template] = Shape([r[:3] for r in template.rows])
+        rows = [(seq, parent, name) for seq, parent, name, _, _ in template.rows]
+        shape = _TEMPLATE_SHAPES[template] = Shape(rows)
     return shape
 
 
@@ -395,7 +412,8 @@ def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:
     if shape is None:
         if len(shapes) >= MAX_SHAPES:
             shapes.clear()
-        shape = shapes[key] = Shape([k[:3] for k in key], [k[3] for k in key])
+        rows = [(seq, parent, name) for seq, parent, name, _ in key]
+        shape = shapes[key] = Shape(rows, [device for _, _, _, device in key])
     return shape
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..recording.collectives import label
+from ..recording.layouts import M_ALLOCATED
 from .blocks import StepBlock
 
 MAX_ROWS = 256  # distinct phase rows kept; further names share "_other"
@@ -145,7 +146,7 @@ class ConsoleReporter:
                     t.seconds -= sum(block.phase_seconds[w][lo:hi])
             t.count += hi - lo
             if memory is not None:
-                peaks = [m[0] for m in memory[r][lo:hi] if m is not None]
+                peaks = [m[M_ALLOCATED] for m in memory[r][lo:hi] if m is not None]
                 if peaks and (t.peak is None or max(peaks) > t.peak):
                     t.peak = max(peaks)
         for x in block.consumed:

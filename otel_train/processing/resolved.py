@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..recording.layouts import P_EV0, P_EV1, P_T0, P_T1
+
 if TYPE_CHECKING:
     from ..recording.links import StepLink
     from ..recording.tokens import Consumed
@@ -121,7 +123,10 @@ class ResolvedStep:
             return  # host times only: every phase lies inside the step's own extent
         start, end = self.host_start, self.host_end
         for row in self.rows:
-            p_start, p_end = (row[3], row[4]) if row[5] is None else (row[5], max(row[6], row[5]))
+            if row[P_EV0] is None:  # (host times; else the device's, placed on the host clock)
+                p_start, p_end = row[P_T0], row[P_T1]
+            else:
+                p_start, p_end = row[P_EV0], max(row[P_EV1], row[P_EV0])
             if p_start < start:
                 start = p_start
             if p_end > end:

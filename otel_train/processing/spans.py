@@ -26,6 +26,7 @@ from opentelemetry.trace import (
 from .. import contract as c
 from ..recording.collectives import PREFIX as COLLECTIVE
 from ..recording.collectives import parse as parse_collective
+from ..recording.layouts import E_MESSAGE, E_OOM, E_SNAPSHOT, E_STACK, E_TYPE, M_RESERVED
 from .efficiency_lines import span_attributes
 from .resolved import ResolvedPhase, ResolvedStep
 
@@ -203,7 +204,7 @@ class SpanEmitter:
             attrs[c.PHASE_ALLOC_RETRIES.key] = retries
             attrs[c.PHASE_OOMS.key] = ooms
         if phase.memory is not None and self.device_total:
-            attrs[c.PHASE_PEAK_UTILIZATION.key] = phase.memory[1] / self.device_total
+            attrs[c.PHASE_PEAK_UTILIZATION.key] = phase.memory[M_RESERVED] / self.device_total
         span = self._tracer.start_span(
             name,
             context=trace.set_span_in_context(parent),
@@ -218,12 +219,13 @@ class SpanEmitter:
     def _error_events(self, span: Any, phase: ResolvedPhase) -> None:
         """A phase that raised: the exception, the OOM figures, the OOM snapshot's path."""
         assert phase.error is not None
-        type_name, message, stack, oom = phase.error[:4]
+        error = phase.error
+        type_name, message, oom = error[E_TYPE], error[E_MESSAGE], error[E_OOM]
         at = phase.host_end + self.offset_ns
         span.add_event(
             "exception",
             {"exception.type": type_name, "exception.message": message,
-             "exception.stacktrace": stack},
+             "exception.stacktrace": error[E_STACK]},
             timestamp=at,
         )  # fmt: skip
         if oom is not None:
@@ -237,7 +239,7 @@ class SpanEmitter:
                 },
                 timestamp=at,
             )
-        snapshot = phase.error[4] if len(phase.error) > 4 else None
+        snapshot = error[E_SNAPSHOT] if len(error) > E_SNAPSHOT else None
         if snapshot:
             span.add_event(
                 c.MEMORY_SNAPSHOT_EVENT,

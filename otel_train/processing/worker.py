@@ -20,7 +20,15 @@ from typing import Any
 
 from .. import contract as c
 from ..recording.collectives import parse as parse_collective
-from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1
+from ..recording.layouts import (
+    M_ALLOCATED,
+    M_RESERVED,
+    P_EV0,
+    P_MEMORY,
+    P_NAME,
+    P_SECONDS,
+    P_T1,
+)
 from ..recording.tokens import observe_staleness
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
 from .blocks import StepBlock
@@ -68,12 +76,9 @@ class Worker:
         self.poll_s = poll_s
         self.batch_s = batch_s
         self._phase_hist: dict[tuple[Any, ...], HistogramState] = {}  # by attributes
-        # Per clock (device?): phase name -> (histogram, attributes, series name); names
-        # past MAX_PHASE_SERIES map to the "_other" series.
-        self._series: dict[bool, dict[str, list[Any]]] = {
-            False: {},
-            True: {},
-        }
+        # Per clock (device?): phase name -> its series; names past MAX_PHASE_SERIES map
+        # to the "_other" series.
+        self._series: dict[bool, dict[str, _Series]] = {False: {}, True: {}}
         self._step_hist = aggregator.histogram(c.STEP_DURATION.name, ())
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one process() at a time (worker vs. shutdown drain)
@@ -205,7 +210,7 @@ class Worker:
         api = self.publisher is not None and bool(self.publisher.histograms)
         records: list[tuple[str, Any, float]] | None = [] if api else None
         step_values: list[float] = []
-        touched: list[list[Any]] = []  # series entries whose buffer holds values
+        touched: list[_Series] = []  # series whose buffer holds values
         n = 0
         with agg.lock:
             self._publish_counters()
@@ -221,7 +226,7 @@ class Worker:
                     records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
                 entries = self._block_phases(block, touched, records)
                 if block.memory is not None:
-                    self._block_memory(block, [e[2] for e in entries])
+                    self._block_memory(block, [e.memory_name for e in entries])
                 if block.scalars is not None:
                     for items in block.scalars:
                         for name, v in items:
@@ -229,8 +234,8 @@ class Worker:
                 self._block_counts(block, counts)
             self._step_hist.observe_many(step_values)
             for entry in touched:
-                entry[0].observe_many(entry[3])
-                entry[3].clear()
+                entry.histogram.observe_many(entry.values)
+                entry.values.clear()
             self.steps_processed += n
             if n:
                 agg.add(c.STEPS.name, (), n)
@@ -284,12 +289,12 @@ class Worker:
     def _block_phases(
         self,
         block: StepBlock,
-        touched: list[list[Any]],
+        touched: list[_Series],
         records: list[tuple[str, Any, float]] | None,
-    ) -> list[list[Any]]:
+    ) -> list[_Series]:
         """A block's phase durations into their series' buffers, in step order; returns
         each row's series entry."""
-        by_entry: dict[int, tuple[list[Any], list[list[float]]]] = {}
+        by_entry: dict[int, tuple[_Series, list[list[float]]]] = {}
         shape, rows = block.shape, []
         for r, (name, device) in enumerate(zip(shape.names, shape.devices, strict=True)):
             entry = self._series[device].get(name)
@@ -298,7 +303,7 @@ class Worker:
             rows.append(entry)
             by_entry.setdefault(id(entry), (entry, []))[1].append(block.phase_seconds[r])
         for entry, cols in by_entry.values():
-            buf = entry[3]
+            buf = entry.values
             if not buf:
                 touched.append(entry)
             if len(cols) == 1:
@@ -306,7 +311,7 @@ class Worker:
             else:  # a name the step repeats (gradient accumulation): step by step
                 buf.extend(v for vals in zip(*cols, strict=True) for v in vals)
             if records is not None:
-                metric, attrs = entry[4], entry[1]
+                metric, attrs = entry.metric, entry.attrs
                 records.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
         return rows
 
@@ -320,12 +325,11 @@ class Worker:
                 m = memory[r][i]
                 if m is None or name is None:  # (a collective's: in its phase's peak)
                     continue
-                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[0])
-                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[1])
+                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED])
+                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED])
 
-    def _phase_series(self, name: str, device: bool) -> list[Any]:
-        """[histogram, attributes, series name (None: a collective's, which has no memory
-        gauge), values waiting for the histogram, metric name]. A collective's phase
+    def _phase_series(self, name: str, device: bool) -> _Series:
+        """The series a phase name's durations go to. A collective's phase
         (collectives.py) feeds otel_train.collective.duration by op and group instead."""
         phase_hist = self._phase_hist
         series: str | None = name
@@ -347,7 +351,7 @@ class Worker:
         h = phase_hist.get(attrs)
         if h is None:
             h = phase_hist[attrs] = self.agg.histogram(metric, attrs)
-        entry: list[Any] = [h, attrs, series, [], metric]
+        entry = _Series(h, attrs, series, metric)
         if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
             self._series[device][name] = entry
         return entry
@@ -384,17 +388,17 @@ class Worker:
                     entry = self._series[device].get(row[P_NAME])
                     if entry is None:
                         entry = self._phase_series(row[P_NAME], device)
-                    entry[0].observe(row[P_SECONDS])
+                    entry.histogram.observe(row[P_SECONDS])
                     if api:
                         assert publisher is not None
-                        publisher.record(entry[4], entry[1], row[P_SECONDS])
-                    m = row[P_MEMORY]
-                    if m is not None and entry[2] is not None:
+                        publisher.record(entry.metric, entry.attrs, row[P_SECONDS])
+                    m, name = row[P_MEMORY], entry.memory_name
+                    if m is not None and name is not None:
                         self.agg.set(
-                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(entry[2], "allocated"), m[0]
+                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED]
                         )
                         self.agg.set(
-                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(entry[2], "reserved"), m[1]
+                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED]
                         )
 
     # -- spans -------------------------------------------------------------------------
@@ -416,7 +420,7 @@ class Worker:
                 entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                 if entry is not None:
                     with self.agg.lock:
-                        entry[0].attach_exemplar(
+                        entry.histogram.attach_exemplar(
                             Exemplar(row[P_SECONDS], row[P_T1] + emitter.offset_ns, *ids)
                         )
         with self.agg.lock:
@@ -444,11 +448,28 @@ class Worker:
                 for row in step.rows:
                     entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                     if entry is not None:  # folded names map to the "_other" series
-                        entry[0].attach_exemplar(Exemplar(row[P_SECONDS], when, trace_id, span_id))
+                        entry.histogram.attach_exemplar(
+                            Exemplar(row[P_SECONDS], when, trace_id, span_id)
+                        )
         # Spans are emitted after the delivery's metrics were updated: publish the count now,
         # or the last delivery (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
+
+
+class _Series:
+    """Where one phase name's durations go: its histogram and attributes, the name of
+    its memory gauges (None: a collective's, whose memory is in its phase's peak), the
+    values waiting for the histogram's next observe_many, the metric's name."""
+
+    __slots__ = ("attrs", "histogram", "memory_name", "metric", "values")
+
+    def __init__(
+        self, histogram: HistogramState, attrs: Any, memory_name: str | None, metric: str
+    ) -> None:
+        self.histogram, self.attrs, self.memory_name = histogram, attrs, memory_name
+        self.metric = metric
+        self.values: list[float] = []
 
 
 class _Counts:

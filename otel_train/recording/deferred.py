@@ -23,6 +23,7 @@ from .layouts import (
     ENTER_REMOTE,
     EXIT,
     L_KIND,
+    L_SCALARS,
     L_STACK,
     LINK,
     P_T1,
@@ -436,7 +437,7 @@ class DeferredLog(PhaseMachine):
         out.append((list(self._pending), Run(tpl, run, self._next_index)))
         for p in tpl.loose:  # scalars recorded between steps
             for e in run[p :: tpl.m]:
-                self.loose_scalars.extend(e[3])
+                self.loose_scalars.extend(e[L_SCALARS])
         self._pending.clear()
         self._next_index += k
         if tpl.mode != CYCLE:

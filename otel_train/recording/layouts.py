@@ -32,12 +32,23 @@ if TYPE_CHECKING:
 #  t1, memory figures or None, described error or None, seconds)
 (P_SEQ, P_PARENT, P_NAME, P_T0, P_T1, P_EV0, P_EV1, P_MEMORY, P_ERROR,
  P_SECONDS) = range(10)  # fmt: skip
+# A row's memory figures (P_MEMORY): peak allocated and peak reserved bytes, allocator
+# retries and OOMs while it ran.
+M_ALLOCATED, M_RESERVED, M_RETRIES, M_OOMS = range(4)
+# A row's described error (P_ERROR, describe_exception): the exception's type name, its
+# message, the formatted stack, (allocated, reserved, total) bytes for a CUDA OOM or None,
+# and, when a debugging component is on, the OOM snapshot's path or None.
+E_TYPE, E_MESSAGE, E_STACK, E_OOM, E_SNAPSHOT = range(5)
 
 # A deferred-log entry: ``(stack, time, kind, ...)``; what follows ``kind`` depends on it.
 L_STACK, L_TIME, L_KIND = range(3)
 # An adapter boundary's kind is the boundary itself (a tuple from ``scopes.boundary()``);
 # the other kinds are these (their payloads are listed in DeferredLog._replay).
 ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD, LINK, ENTER_REMOTE = range(9)
+# Payload positions read outside the replay: a counted boundary's and a COUNTS entry's
+# samples, tokens and padded tokens; a SCALARS entry's list of (name, value).
+L_SAMPLES, L_TOKENS, L_PADDED = 3, 4, 5
+L_SCALARS = 3
 
 
 def newest_time(entries: Any, last: int | None = None) -> int:
