@@ -50,6 +50,7 @@ from .ddp import ddp_backward_ends, watch_ddp
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
 _dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+_grad_enabled = torch.is_grad_enabled
 
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
 _DATA = boundary(None, "data", begin=ADAPTER)
@@ -118,9 +119,10 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
             and type(batch[0]) is _TENSOR
         ):
             head = batch[0]  # the common (x, y, ...) batch, counted inline
-            if head.is_floating_point():
-                if head.dim():
-                    samples = head.shape[0]
+            if head.dtype.is_floating_point:
+                shape = head.shape
+                if shape:
+                    samples = shape[0]
             else:  # token ids, maybe (batches.py)
                 samples, tokens = tensor_counts(head)
                 padded = tokens
@@ -224,7 +226,7 @@ class TorchLoopAdapter:
             _log.exception("otel-train: a torch-loop hook failed; the adapter is now off")
 
     def forward_begins(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if not module.training or not torch.is_grad_enabled():
+        if not module.training or not _grad_enabled():
             return
         try:
             held = self.held
