@@ -75,7 +75,6 @@ def inner(calls: int, out: str) -> None:
         return None
 
     timed_forward = torch_loop._TimedForward(adapter, model, noop)
-    timed_iter = torch_loop._TimedIterator(iter(()), adapter)
     backward._ORIGINAL_BACKWARD = noop  # (the wrapper's original: nothing to differentiate)
     loss = torch.zeros(())
 
@@ -85,7 +84,7 @@ def inner(calls: int, out: str) -> None:
             next(it)
 
     def timed_next() -> None:
-        timed_iter._it = iter(batches)
+        timed_iter = torch_loop._TimedIterator(iter(batches), adapter)
         for _ in range(calls):
             next(timed_iter)
 

@@ -16,6 +16,7 @@ wait stays inside backward's device time, unsplit (docs/rationale.md).
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
@@ -27,7 +28,8 @@ from .base import Instrumentation
 
 def watch_ddp(inst: Instrumentation, adapter: Any, model: Any) -> None:
     """If ``model`` is a DDP module, time its gradient wait for ``adapter`` (which gets
-    ``ddp_group`` and ``ddp_grad_ns``; backward.py calls ``adapter.backward_ends()``)."""
+    ``ddp_group`` and ``ddp_grad_ns``, and as ``backward_ends`` what backward.py calls
+    before backward's end)."""
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
     if ddp is None or not isinstance(model, ddp):
         return
@@ -45,6 +47,7 @@ def watch_ddp(inst: Instrumentation, adapter: Any, model: Any) -> None:
 
     handle = param.register_post_accumulate_grad_hook(last_gradient)
     inst.on_undo(handle.remove)
+    adapter.backward_ends = partial(ddp_backward_ends, adapter)
 
 
 def ddp_backward_ends(adapter: Any) -> None:

@@ -153,7 +153,7 @@ class ProcessWideHooks:
         if not adapter.model_seen:
             adapter.model_seen = True
             adapter.inst.session.note_model(module)  # (the FLOP estimate, the dtype)
-        adapter.forward_begins(module, args)
+        adapter.forward_begins(args)
 
     # the optimizer's global step hooks ---------------------------------------------------
 

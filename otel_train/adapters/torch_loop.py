@@ -45,7 +45,7 @@ from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
-from .ddp import ddp_backward_ends, watch_ddp
+from .ddp import watch_ddp
 
 _log = logging.getLogger("otel_train")
 # False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
@@ -69,26 +69,27 @@ PRECISION_CHECKS = 8  # forwards whose autocast state is read (precision.autocas
 class _TimedIterator:
     """Wraps a DataLoader iterator; everything but ``__next__`` is delegated."""
 
-    __slots__ = ("_adapter", "_it")
+    # One slot, (adapter, iterator): the delegating __getattr__ leaves each attribute
+    # lookup on this type unspecialised (~250 instructions), so __next__ makes one
+    __slots__ = ("_of",)
 
     def __init__(self, it: Any, adapter: TorchLoopAdapter) -> None:
-        self._it = it
-        self._adapter = adapter
+        self._of = (adapter, it)
 
     def __iter__(self) -> _TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        adapter = self._adapter
+        adapter, it = self._of
         if not adapter.active:
-            return next(self._it)
-        return timed_next(adapter, next, self._it)
+            return next(it)
+        return timed_next(adapter, next, it)
 
     def __len__(self) -> int:
-        return len(self._it)
+        return len(self._of[1])
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
+        return getattr(self._of[1], name)
 
 
 def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: Any) -> Any:
@@ -110,7 +111,8 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
         _exit_data(rec, err, discard=False)
         raise
     try:
-        t = perf_counter_ns()
+        # (0: the fetch ends at the write, after the inline count, a few hundred ns)
+        t = 0
         samples = tokens = padded = None
         if (
             adapter.counter is batch_counts
@@ -126,7 +128,8 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
             else:  # token ids, maybe (batches.py)
                 samples, tokens = tensor_counts(head)
                 padded = tokens
-        else:
+        else:  # (a counter of the user's may take long: not the fetch's time)
+            t = perf_counter_ns()
             samples, tokens, padded = adapter.counts_of(batch)
         if adapter.after_forward:  # (the next training forward consumes it)
             rec.transition(_DATA_END)
@@ -192,6 +195,9 @@ class TorchLoopAdapter:
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
         self.after_forward = False  # a training forward ran since the optimizer's step
         self.held: Counts | None = None  # counts of batches fetched after it, till the next
+        # What backward.py calls before backward's end: DDP's gradient wait, set by
+        # watch_ddp for a DDP model (ddp.py); None: nothing (no call per backward)
+        self.backward_ends: Callable[[], None] | None = None
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -225,9 +231,8 @@ class TorchLoopAdapter:
             self.active = False
             _log.exception("otel-train: a torch-loop hook failed; the adapter is now off")
 
-    def forward_begins(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if not module.training or not _grad_enabled():
-            return
+    def forward_begins(self, args: tuple[Any, ...]) -> None:
+        """A training forward begins (the caller checked: training mode, grad enabled)."""
         try:
             held = self.held
             if held is not None:  # the batches fetched after the last forward: this one's
@@ -243,11 +248,6 @@ class TorchLoopAdapter:
                 note_precision(self.rec, autocast_label())
         except Exception:
             self._failed()
-
-    def backward_ends(self) -> None:
-        """backward.py, before backward's end: DDP's gradient wait (ddp.py)."""
-        if self.ddp_grad_ns:
-            ddp_backward_ends(self)
 
     def forward_failed(self, err: BaseException) -> None:
         """The forward phase ends with the exception (an OOM included)."""
@@ -297,11 +297,15 @@ class _TimedForward:
     original. (A forward pre-hook would send every call through ``Module._call_impl``'s
     slow path: ~1 us per step more than this wrapper, measured in instructions.)"""
 
-    __slots__ = ("__wrapped__", "adapter", "module")
+    __slots__ = ("__wrapped__", "adapter", "module", "state")
 
     def __init__(self, adapter: TorchLoopAdapter, module: torch.nn.Module, forward: Any) -> None:
         self.adapter = adapter
         self.module = module
+        # The module's own attributes, where ``training`` is one (not a compiled module's,
+        # whose ``training`` is its original's): read there, not through Module's
+        # __getattr__, which leaves every attribute lookup on a module unspecialised
+        self.state = module.__dict__ if "training" in module.__dict__ else None
         self.__wrapped__ = forward  # the forward it replaced (inspect.signature follows it)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -314,7 +318,10 @@ class _TimedForward:
             # after each compiled call, so backward knows to open the step instead.
             adapter.compiled = True
             return self.__wrapped__(*args, **kwargs)
-        adapter.forward_begins(self.module, args)
+        state = self.state
+        training = state["training"] if state is not None else self.module.training
+        if training and _grad_enabled():
+            adapter.forward_begins(args)
         try:
             return self.__wrapped__(*args, **kwargs)
         except BaseException as err:
