@@ -323,10 +323,8 @@ class Worker:
         for i in range(block.k):
             for r, name in enumerate(series):
                 m = memory[r][i]
-                if m is None or name is None:  # (a collective's: in its phase's peak)
-                    continue
-                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED])
-                agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED])
+                if m is not None and name is not None:  # (a collective's: in its phase's)
+                    _set_memory_peaks(agg, name, m)
 
     def _phase_series(self, name: str, device: bool) -> _Series:
         """The series a phase name's durations go to. A collective's phase
@@ -394,12 +392,7 @@ class Worker:
                         publisher.record(entry.metric, entry.attrs, row[P_SECONDS])
                     m, name = row[P_MEMORY], entry.memory_name
                     if m is not None and name is not None:
-                        self.agg.set(
-                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED]
-                        )
-                        self.agg.set(
-                            c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED]
-                        )
+                        _set_memory_peaks(self.agg, name, m)
 
     # -- spans -------------------------------------------------------------------------
 
@@ -490,6 +483,12 @@ def _counted(column: list[int | None]) -> tuple[bool, int]:
 
 def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:
     return ((A_CLOCK, "device" if device else "host"), (A_PHASE, name))
+
+
+def _set_memory_peaks(agg: MetricsAggregator, name: str, m: tuple[int, ...]) -> None:
+    """A phase's peak memory gauges (allocated, reserved) under its series' name."""
+    agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED])
+    agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED])
 
 
 def _mem_attrs(name: str, kind: str) -> tuple[tuple[str, str], ...]:
