@@ -297,7 +297,7 @@ class _TimedForward:
     original. (A forward pre-hook would send every call through ``Module._call_impl``'s
     slow path: ~1 us per step more than this wrapper, measured in instructions.)"""
 
-    __slots__ = ("__wrapped__", "adapter", "module", "state")
+    __slots__ = ("__wrapped__", "adapter", "module", "module_attrs")
 
     def __init__(self, adapter: TorchLoopAdapter, module: torch.nn.Module, forward: Any) -> None:
         self.adapter = adapter
@@ -305,7 +305,7 @@ class _TimedForward:
         # The module's own attributes, where ``training`` is one (not a compiled module's,
         # whose ``training`` is its original's): read there, not through Module's
         # __getattr__, which leaves every attribute lookup on a module unspecialised
-        self.state = module.__dict__ if "training" in module.__dict__ else None
+        self.module_attrs = module.__dict__ if "training" in module.__dict__ else None
         self.__wrapped__ = forward  # the forward it replaced (inspect.signature follows it)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -318,8 +318,8 @@ class _TimedForward:
             # after each compiled call, so backward knows to open the step instead.
             adapter.compiled = True
             return self.__wrapped__(*args, **kwargs)
-        state = self.state
-        training = state["training"] if state is not None else self.module.training
+        attrs = self.module_attrs
+        training = attrs["training"] if attrs is not None else self.module.training
         if training and _grad_enabled():
             adapter.forward_begins(args)
         try:
