@@ -29,10 +29,14 @@ _REPLICA = Counters()  # marks the replica's deliveries: the counters are the tr
 REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
 # Finished steps received and not yet taken by the worker: past this many the oldest
 # deliveries are dropped and counted (dropped{reason="sidecar"}), as the training process's
-# feeder drops what its pipe cannot take. A worker that keeps up takes a backlog every
-# 50 ms once 64 deliveries wait (250 steps of a 5k steps/s loop); each held step is ~1.5
-# KiB as a resolved step, and 16384 of them broke the collector-down memory bound.
+# feeder drops what its pipe cannot take. Each held step is ~1.5 KiB as a resolved step,
+# and 16384 of them broke the collector-down memory bound.
 MAX_HELD_STEPS = 1024
+# Held steps (or deliveries) that make the worker take them before its next batch time:
+# it looks every 50 ms, and the ring's reads bring ~500 steps of a 5k steps/s loop every
+# 0.1 s, so at a quarter of the bound it takes them well before the bound drops any.
+DUE_HELD_STEPS = MAX_HELD_STEPS // 4
+DUE_DELIVERIES = 64
 # Slots decoded at a time: a ring the sidecar fell behind on is applied in pieces, so
 # that its entries never wait here all at once as objects.
 DECODE_SLOTS = 4096
@@ -235,7 +239,11 @@ class RemoteSource:
         return bool(self._deliveries) or self._unread() > 0
 
     def backlog_due(self) -> bool:
-        return len(self._deliveries) >= 64 or self._unread() >= DUE_SLOTS
+        return (
+            self._held >= DUE_HELD_STEPS
+            or len(self._deliveries) >= DUE_DELIVERIES
+            or self._unread() >= DUE_SLOTS
+        )
 
     def _unread(self) -> int:
         """Slots of a shared ring written and not read yet (no lock: only a figure)."""

@@ -108,6 +108,33 @@ def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
     _counted_once(sess, trained)
 
 
+def test_a_fast_loop_run_raw_for_seconds_loses_no_step(own_sdk: None) -> None:
+    """A loop of thousands of steps a second, in a raw session for seconds with no
+    flush: the sidecar reads the ring as it fills and the worker takes what it read before
+    the backlog's bound, so every step is counted, none dropped. (The worker took only
+    every half second while the ring's reads held ~500 steps every tenth of one: a 5,000
+    steps/s loop lost half its steps to the bound.)"""
+    sess, model, opt, loader = _started()
+    handover = sess.feeder.handover
+    deadline = time.monotonic() + 10
+    trained = 0
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader)
+        trained += len(loader)
+    assert handover.raw, "a plain loop's log went out raw"
+    t = time.monotonic()
+    while time.monotonic() - t < 2.0:  # (no flush, no state asked for: raw throughout)
+        train_epoch(model, opt, loader)
+        trained += len(loader)
+    assert otel_train.flush(30)
+    stats = sess.feeder.stats
+    figures = scrape(sess.prometheus_address)
+    dropped = c.prometheus_names(c.DROPPED, source="scrape")[0]
+    lost = {k: v for k, v in figures.items() if k[0] == dropped and v}
+    assert (stats["steps"], lost) == (trained, {})
+    _counted_once(sess, trained)
+
+
 def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     own_sdk: None,
 ) -> None:
