@@ -98,14 +98,15 @@ class RemoteSource:
             if not self.disabled:
                 self._hold(delivery)
 
-    def _hold(self, delivery: Delivery) -> None:
+    def _hold(self, delivery: Delivery, bounded: bool = True) -> None:
         """Keep a delivery for the worker, dropping the oldest past MAX_HELD_STEPS (lock
         held): a worker that falls behind (this process yields its core to training)
-        must not hold an unbounded backlog."""
+        must not hold an unbounded backlog. ``bounded``: False for what the worker reads
+        off the ring itself (bounded by the ring, and taken at once)."""
         deliveries = self._deliveries
         deliveries.append(delivery)
         self._held += delivery.step_count()
-        while self._held > MAX_HELD_STEPS and len(deliveries) > 1:
+        while bounded and self._held > MAX_HELD_STEPS and len(deliveries) > 1:
             n = deliveries.popleft().step_count()
             self._held -= n
             self.dropped += n
@@ -119,16 +120,21 @@ class RemoteSource:
             self.tables.learn(news)
             self._sides.update(sides)
             self._written = max(self._written, position)
-            self._advance()
+            self._advance(taking=False)
 
-    def _advance(self) -> None:
+    def _advance(self, taking: bool = True) -> None:
         """Apply the slots written past what was read, in pieces (lock held). The
         training process keeps its slots since the last idle point this reports: apply
         and report every REPORT_S at least (not per message: this process's CPU is the
-        training node's too)."""
+        training node's too). Not ``taking`` (a message said more was written): read no
+        further once a quarter of the held steps' bound waits, the rest stays in the ring
+        for the worker, whom that makes due (a ring read whole at once would be dropped
+        past the bound, and a fast loop fills a quarter of a ring between its looks)."""
         if self.shared:  # (how far it is written: the writer's header says)
             self._written = max(self._written, written(self._view)[0])
         while self._read < self._written:
+            if not taking and self._held >= DUE_HELD_STEPS:
+                break
             end = min(self._written, self._read + DECODE_SLOTS)
             entries, self._read = decode(self._view, self._capacity, self._read, end,
                                          self.tables, self.tables.stack_objects.get,
@@ -138,13 +144,13 @@ class RemoteSource:
             if self._read < end:
                 break  # (a side entry or a code not here yet: the next message has it)
             if self._read < self._written:
-                self._apply()
+                self._apply(bounded=not taking)
         if time.monotonic() - self._drained >= REPORT_S:
-            self._apply()
+            self._apply(bounded=not taking)
 
-    def _apply(self) -> None:
+    def _apply(self, bounded: bool = True) -> None:
         self._drained = time.monotonic()
-        self._hold(self._replica_take(keep_partial=True))
+        self._hold(self._replica_take(keep_partial=True), bounded)
         self._report_idle()
 
     def _replica_take(self, keep_partial: bool) -> Delivery:
@@ -173,7 +179,7 @@ class RemoteSource:
             if session != self.session:
                 return
             self._advance()  # (to where the training process said it caught up from)
-            self._hold(self._replica_take(keep_partial=False))
+            self._hold(self._replica_take(keep_partial=False), bounded=False)
             rep = self.replica
             rep._current = None
             rep._scoped.clear()
@@ -188,7 +194,7 @@ class RemoteSource:
             if self.session is not None:
                 self._advance()
                 if self.replica._log:
-                    self._apply()
+                    self._apply(bounded=False)
             deliveries, self._deliveries = self._deliveries, collections.deque()
             self._held = 0
         extra = self.replica
