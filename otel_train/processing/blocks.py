@@ -11,8 +11,8 @@ producers make them, and every consumer has one implementation for both:
   :func:`group_steps` puts consecutive steps of one shape in one block, so a step whose
   shape repeats nowhere is a block of one.
 
-Only the steps chosen for traces become :class:`~.resolved.ResolvedStep` objects again
-(:meth:`StepBlock.step`).
+Only the steps chosen for traces become :class:`~..recording.layouts.Step` objects
+again (:meth:`StepBlock.step`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from ..recording.layouts import (
     P_PARENT,
     P_SECONDS,
     P_SEQ,
+    Step,
 )
 from ..recording.templates import Run, Template
 from ..recording.values import add_count
-from .resolved import ResolvedStep, scalar_value
+from .resolved import finished_step, scalar_value
 
 MAX_SHAPES = 256  # shapes of resolved steps kept for reuse (a bounded cache)
 _TIME = itemgetter(L_TIME)
@@ -181,7 +182,7 @@ class StepBlock:
         self._entries = entries if entries is not None else []
         self.first = first
         self.k = k
-        self._steps: list[ResolvedStep] | None = None
+        self._steps: list[Step] | None = None
         self.efficiency: EfficiencyColumns | None = None  # set by the efficiency tracker
         self._data: list[float] | None = None
         self.memory: list[list[Any]] | None = None
@@ -205,18 +206,18 @@ class StepBlock:
     # -- resolved steps ------------------------------------------------------------------
 
     @classmethod
-    def of_steps(cls, steps: list[ResolvedStep], shape: Shape) -> StepBlock:
+    def of_steps(cls, steps: list[Step], shape: Shape) -> StepBlock:
         """Consecutive resolved steps that all have ``shape``."""
         block = cls(shape, steps[0].index, len(steps))
         block._steps = steps
-        block.starts = [s.host_start for s in steps]
-        block.ends = [s.host_end for s in steps]
+        block.starts = [s.t0 for s in steps]
+        block.ends = [s.t1 for s in steps]
         block.seconds = [s.host_seconds for s in steps]
         block.samples = [s.samples for s in steps]
         block.tokens = [s.tokens for s in steps]
         block.padded = [s.padded for s in steps]
         block.durations = [s.end - s.start for s in steps]
-        rows = [s.rows for s in steps]
+        rows = [s.phases for s in steps]
         block.phase_seconds = [[r[i][P_SECONDS] for r in rows] for i in range(len(shape.names))]
         if any(row[P_MEMORY] is not None for r in rows for row in r):
             block.memory = [[r[i][P_MEMORY] for r in rows] for i in range(len(shape.names))]
@@ -226,7 +227,7 @@ class StepBlock:
         block.debug = [i for i, s in enumerate(steps) if s.events]
         if any(s.device_seconds is not None for s in steps):
             block.device_seconds = [s.device_seconds for s in steps]
-        block.scalars = [s.scalars for s in steps] if any(s.scalars for s in steps) else None
+        block.scalars = [s.scalars or [] for s in steps] if any(s.scalars for s in steps) else None
         return block
 
     # -- recognised steps ----------------------------------------------------------------
@@ -345,7 +346,7 @@ class StepBlock:
             return self.seconds
         return [d if d else h for d, h in zip(dev, self.seconds, strict=True)]
 
-    def step(self, i: int) -> ResolvedStep:
+    def step(self, i: int) -> Step:
         """Step ``first + i`` as the replay would have resolved it, with its efficiency
         figures when the tracker observed the block."""
         rs = self._steps[i] if self._steps is not None else self._built(i)
@@ -353,14 +354,14 @@ class StepBlock:
             rs.efficiency = self.efficiency.of_step(self, i)
         return rs
 
-    def _built(self, i: int) -> ResolvedStep:
+    def _built(self, i: int) -> Step:
         tpl = self.recognised
         m = tpl.m
-        rs = ResolvedStep(self.first + i, self.starts[i], self.ends[i])
+        rs = finished_step(self.first + i, self.starts[i], self.ends[i])
         rs.samples, rs.tokens, rs.padded = self.samples[i], self.tokens[i], self.padded[i]
         times = self._times
         base = i * m
-        rs.rows = [
+        rs.phases = [
             (
                 seq,
                 parent,
@@ -380,14 +381,14 @@ class StepBlock:
         return rs
 
 
-def group_steps(steps: list[ResolvedStep], shapes: dict[Any, Shape]) -> list[StepBlock]:
+def group_steps(steps: list[Step], shapes: dict[Any, Shape]) -> list[StepBlock]:
     """Resolved steps as blocks: consecutive steps of one shape share a block.
     ``shapes``: the caller's cache of shapes by key (kept under :data:`MAX_SHAPES`)."""
     out: list[StepBlock] = []
-    run: list[ResolvedStep] = []
+    run: list[Step] = []
     key: Any = None
     for s in steps:
-        k = tuple((r[P_SEQ], r[P_PARENT], r[P_NAME], r[P_EV0] is not None) for r in s.rows)
+        k = tuple((r[P_SEQ], r[P_PARENT], r[P_NAME], r[P_EV0] is not None) for r in s.phases)
         if k != key and run:
             out.append(StepBlock.of_steps(run, _shape(shapes, key)))
             run = []
@@ -417,7 +418,7 @@ def _shape(shapes: dict[Any, Shape], key: Any) -> Shape:
     return shape
 
 
-def _linked(step: ResolvedStep) -> bool:
+def _linked(step: Step) -> bool:
     """Whether a step is in a sampled trace across processes, or links to one's span."""
     if step.link is not None and step.link.sampled:
         return True

@@ -1,140 +1,61 @@
-"""Steps after their CUDA events resolved: plain numbers, ready for metrics, tables and spans.
+"""Finished steps resolved where they stand: plain numbers, ready for metrics, tables and
+spans.
 
-Every derived figure is computed once here; the worker reads them many times.
-Times are ``perf_counter_ns`` values; durations are seconds.
+A :class:`~..recording.layouts.Step` leaves the state machine with host times and, on a
+GPU, CUDA events in its rows. :func:`settle` gives it what every consumer reads: the
+device times placed on the host clock in the same row positions (the caller places
+them: source.py), the step's host and device seconds, and its span's extent. Every
+derived figure is computed once here; the worker reads them many times. Times are
+``perf_counter_ns`` values; durations are seconds.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..recording.layouts import P_EV0, P_EV1, P_T0, P_T1
-
-if TYPE_CHECKING:
-    from ..recording.links import StepLink
-    from ..recording.tokens import Consumed
+from ..recording.layouts import P_EV0, P_EV1, P_T0, P_T1, Step
+from ..recording.scopes import EXPLICIT
 
 
-class ResolvedPhase:
-    __slots__ = ("depth", "dev_end", "dev_start", "device_seconds", "end", "error",
-                 "host_end", "host_seconds", "host_start", "memory", "name", "parent",
-                 "seconds", "seq", "start")  # fmt: skip
-
-    def __init__(
-        self,
-        seq: int,
-        parent: int,
-        name: str,
-        host_start: int,
-        host_end: int,
-        dev_start: int | None,
-        dev_end: int | None,
-        memory: tuple[int, int, int, int] | None,
-        error: tuple[Any, ...] | None,
-    ) -> None:
-        self.seq = seq
-        self.parent = parent
-        self.name = name
-        self.host_start = host_start
-        self.host_end = host_end
-        self.dev_start = dev_start
-        self.dev_end = dev_end
-        self.memory = memory
-        self.error = error
-        self.depth = 0
-        self.host_seconds = max(0, host_end - host_start) / 1e9
-        if dev_start is None or dev_end is None:
-            self.device_seconds: float | None = None
-            self.seconds = self.host_seconds  # the best duration: device when measured
-            self.start, self.end = host_start, host_end
+def settle(step: Step, device: tuple[int, int] | None = None) -> Step:
+    """Derive a finished step's figures once its rows are final; ``device``: its own
+    device start and end, placed on the host clock (None: host times only). Its events
+    are let go of (the placed times stand for them)."""
+    t0, t1 = step.t0, step.t1
+    step.host_seconds = max(0, t1 - t0) / 1e9
+    step.ev0 = step.ev1 = None
+    step.efficiency = None
+    step.sampled_because = ""
+    step.start, step.end = t0, t1  # span extent: host and device times together
+    if step.scalars is None:
+        step.scalars = []
+    if device is None:
+        step.dev_start = step.dev_end = step.device_seconds = None
+        return step  # every phase lies inside the step's own extent
+    d0, d1 = step.dev_start, step.dev_end = device
+    step.device_seconds = max(0, d1 - d0) / 1e9
+    start, end = t0, max(t1, d1)
+    for row in step.phases:
+        if row[P_EV0] is None:  # (host times; else the device's, placed on the host clock)
+            p_start, p_end = row[P_T0], row[P_T1]
         else:
-            self.device_seconds = max(0, dev_end - dev_start) / 1e9
-            self.seconds = self.device_seconds
-            self.start, self.end = dev_start, max(dev_end, dev_start)
+            p_start, p_end = row[P_EV0], max(row[P_EV1], row[P_EV0])
+        if p_start < start:
+            start = p_start
+        if p_end > end:
+            end = p_end
+    step.start, step.end = start, end
+    return step
 
 
-class ResolvedStep:
-    __slots__ = (
-        "_phases",
-        "consumed",
-        "dev_end",
-        "dev_start",
-        "device_seconds",
-        "efficiency",
-        "end",
-        "error",
-        "events",
-        "host_end",
-        "host_seconds",
-        "host_start",
-        "index",
-        "link",
-        "padded",
-        "rows",
-        "sampled_because",
-        "samples",
-        "scalars",
-        "start",
-        "tokens",
-    )  # fmt: skip
-
-    def __init__(self, index: int, host_start: int, host_end: int) -> None:
-        self.index = index
-        self.host_start = host_start
-        self.host_end = host_end
-        self.host_seconds = max(0, host_end - host_start) / 1e9
-        self.dev_start: int | None = None
-        self.dev_end: int | None = None
-        self.device_seconds: float | None = None
-        self.start = host_start  # span extent: host and device times together
-        self.end = host_end
-        self.samples: int | None = None
-        self.tokens: int | None = None
-        self.padded: int | None = None  # tokens padding included (None: as tokens)
-        # One tuple per phase, in entry order (the worker's hot loop reads these):
-        # (seq, parent, name, host_start, host_end, dev_start, dev_end, memory, error, seconds)
-        self.rows: list[tuple[Any, ...]] = []
-        self._phases: list[ResolvedPhase] | None = None
-        self.scalars: list[tuple[str, float]] = []
-        self.error = False
-        self.sampled_because = ""
-        self.efficiency: Any = None  # efficiency.StepEfficiency, set by the worker
-        self.link: StepLink | None = None  # when the step's trace crosses processes
-        self.consumed: list[Consumed] | None = None  # rollouts it consumed (tokens.py)
-        # Span events from the debugging components (layouts.OpenStep.events)
-        self.events: list[tuple[str, dict[str, Any]]] | None = None
-
-    @property
-    def phases(self) -> list[ResolvedPhase]:
-        """Phase objects with depth, built on first use (only sampled steps need them)."""
-        if self._phases is None:
-            depth: dict[int, int] = {}
-            out = []
-            for seq, parent, name, t0, t1, d0, d1, memory, error, _ in self.rows:
-                p = ResolvedPhase(seq, parent, name, t0, t1, d0, d1, memory, error)
-                p.depth = depth[seq] = depth.get(parent, -1) + 1 if parent >= 0 else 0
-                out.append(p)
-            self._phases = out
-        return self._phases
-
-    def finish(self) -> None:
-        """Derive the span extent and device time once rows and device times are set."""
-        if self.dev_start is None:
-            return  # host times only: every phase lies inside the step's own extent
-        start, end = self.host_start, self.host_end
-        for row in self.rows:
-            if row[P_EV0] is None:  # (host times; else the device's, placed on the host clock)
-                p_start, p_end = row[P_T0], row[P_T1]
-            else:
-                p_start, p_end = row[P_EV0], max(row[P_EV1], row[P_EV0])
-            if p_start < start:
-                start = p_start
-            if p_end > end:
-                end = p_end
-        if self.dev_start is not None and self.dev_end is not None:
-            self.device_seconds = max(0, self.dev_end - self.dev_start) / 1e9
-            end = max(end, self.dev_end)
-        self.start, self.end = start, end
+def finished_step(index: int, t0: int, t1: int) -> Step:
+    """A finished step made outside the state machine (a traced step of a block of
+    recognised steps, one read off the pipe): host times, no phase yet; the caller adds
+    rows and counts, and :func:`settle` has derived the rest for host times."""
+    step = Step(index, t0, EXPLICIT, None, None)
+    step.t1 = t1
+    step.closed = True
+    return settle(step)
 
 
 def scalar_value(raw: Any, events: Any = None) -> float | None:

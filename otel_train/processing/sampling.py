@@ -20,13 +20,13 @@ import heapq
 from bisect import bisect_left
 from typing import Any
 
+from ..recording.layouts import Step
 from .blocks import StepBlock
-from .resolved import ResolvedStep
 
 MAX_NEW_SHAPES = 64  # step shapes traced for being new; later new shapes are not
 
 
-def _because(step: ResolvedStep, reason: str) -> ResolvedStep:
+def _because(step: Step, reason: str) -> Step:
     step.sampled_because = reason
     return step
 
@@ -43,7 +43,7 @@ class StepSampler:
         self._window = window
         self._window_ns = int(window_seconds * 1e9)
         self._slowest = slowest
-        self._heap: list[tuple[int, int, ResolvedStep]] = []
+        self._heap: list[tuple[int, int, Step]] = []
         self._count = 0
         self._window_start: int | None = None
         # Indices from which the first step is traced (each instrumentation's), in order
@@ -56,7 +56,7 @@ class StepSampler:
         if len(self._first_from) < MAX_NEW_SHAPES:  # (bounded: one per instrumentation)
             self._first_from.append(index)
 
-    def offer(self, block: StepBlock) -> list[ResolvedStep]:
+    def offer(self, block: StepBlock) -> list[Step]:
         """Steps of a block to emit now (most calls return an empty list), in the order
         one step at a time would give them; only the steps kept are built."""
         if self.mode == "none":
@@ -65,7 +65,7 @@ class StepSampler:
             return [_because(block.step(i), "all") for i in range(block.k)]
         special = self._special(block)
         in_order = sorted(special)
-        out: list[ResolvedStep] = []
+        out: list[Step] = []
         k, starts, ends = block.k, block.starts, block.ends
         i = 0
         while i < k:
@@ -130,13 +130,13 @@ class StepSampler:
             elif (d, index) > heap[0][:2]:
                 heapq.heapreplace(heap, (d, index, block.step(index - first)))
 
-    def close_if_idle(self, now_ns: int) -> list[ResolvedStep]:
+    def close_if_idle(self, now_ns: int) -> list[Step]:
         """Close a window whose time ran out while no step arrived."""
         if self._window_start is not None and now_ns - self._window_start >= self._window_ns:
             return self.close_window()
         return []
 
-    def close_window(self) -> list[ResolvedStep]:
+    def close_window(self) -> list[Step]:
         chosen = sorted((s for _, _, s in self._heap), key=lambda s: s.index)
         for s in chosen:
             s.sampled_because = "slowest"

@@ -17,16 +17,16 @@ from typing import Any
 
 from ..recording import capture
 from ..recording.device import DeviceClock, EventPool, on_device
-from ..recording.layouts import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, OpenStep
+from ..recording.layouts import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, Step
 from ..recording.recorder import Recorder
 from .blocks import Shape, StepBlock, group_steps
-from .resolved import ResolvedStep, scalar_value
+from .resolved import scalar_value, settle
 
 _BY_SEQ = operator.itemgetter(P_SEQ)
 
 # What a source hands on: a block (of recognised steps, columns not yet derived when it
 # crosses to the sidecar) or resolved steps; :func:`finished` makes blocks of both.
-Part = list[ResolvedStep] | StepBlock
+Part = list[Step] | StepBlock
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class Delivery:
     scalars: list[tuple[str, float]] = field(default_factory=list)  # recorded outside steps
     counters: Counters = field(default_factory=Counters)
     # Remote phases' trees (links.py), resolved like steps (index -1); set by finished()
-    remote: list[ResolvedStep] = field(default_factory=list)
+    remote: list[Step] = field(default_factory=list)
 
     def step_count(self) -> int:
         """Finished steps in its parts (blocks and lists of steps)."""
@@ -106,7 +106,7 @@ class StepSource:
     def disable(self) -> None:
         self.recorder.enabled = False
 
-    def _take_resolved(self, keep_partial: bool) -> list[ResolvedStep]:
+    def _take_resolved(self, keep_partial: bool) -> list[Step]:
         """Finished steps in order, up to the first whose events have not completed.
 
         A step is taken off the queue before it is looked at: the training thread may
@@ -115,7 +115,7 @@ class StepSource:
         # (``pending`` applies the log first: a partial step kept there must stay)
         rec = self.recorder
         pending = rec.finished if keep_partial else rec.pending
-        out: list[ResolvedStep] = []
+        out: list[Step] = []
         while True:
             try:
                 step = pending.popleft()
@@ -133,27 +133,23 @@ class StepSource:
             break
         return out
 
-    def _resolve(self, step: OpenStep) -> ResolvedStep:
-        rs = ResolvedStep(step.index, step.t0, step.t1)
-        rs.samples, rs.tokens, rs.padded = step.samples, step.tokens, step.padded
-        rs.link, rs.consumed, rs.events = step.link, step.consumed, step.events
+    def _resolve(self, step: Step) -> Step:
+        """A finished step, resolved where it stands (resolved.py): its rows in seq
+        order, its CUDA events placed on the host clock, its scalars read."""
         phases = step.phases
         phases.sort(key=_BY_SEQ)
         events = self.recorder.events
         if step.scalars:
-            rs.scalars = _values(step.scalars, events)
+            step.scalars = _values(step.scalars, events)
         if step.ev0 is None and not any(p[P_EV0] is not None for p in phases):
-            rs.rows = phases  # host times only (the common CPU case): the phases are rows
-            rs.error = step.error
-            return rs
+            return settle(step)  # host times only (the common CPU case): the rows stand
         timed: list[tuple[Any, int, Any, int]] = []
         if step.ev0 is not None:
             timed.append((step.ev0, step.t0, step.ev1, step.t1))
         timed += [(p[P_EV0], p[P_T0], p[P_EV1], p[P_T1]) for p in phases if p[P_EV0] is not None]
         placed = iter(self.clock.place(timed))
-        if step.ev0 is not None:
-            rs.dev_start, rs.dev_end = next(placed)
-        rows = rs.rows
+        device = next(placed) if step.ev0 is not None else None
+        rows: list[tuple[Any, ...]] = []
         for seq, parent, name, t0, t1, ev0, _ev1, memory, error, _host_s in phases:
             if ev0 is None:
                 rows.append((seq, parent, name, t0, t1, None, None, memory, error,
@@ -163,8 +159,9 @@ class StepSource:
                 rows.append((seq, parent, name, t0, t1, d0, d1, memory, error,
                              (d1 - d0) / 1e9 if d1 > d0 else 0.0))  # fmt: skip
             if error is not None:
-                rs.error = True
-        rs.finish()
+                step.error = True
+        step.phases = rows
+        settle(step, device)
         clock = self.clock
         for ev0, _, ev1, _ in timed:
             for ev in (ev0, ev1):
@@ -172,7 +169,7 @@ class StepSource:
                     events.release(ev)
         for ev in clock.retired():
             events.release(ev)
-        return rs
+        return step
 
     def _loose_scalars(self) -> list[tuple[str, float]]:
         """Scalars recorded outside any step whose values are known (device copies done)."""
@@ -194,7 +191,7 @@ class StepSource:
         return values
 
 
-def finished(part: Part, shapes: dict[Any, Shape], remote: list[ResolvedStep]) -> list[StepBlock]:
+def finished(part: Part, shapes: dict[Any, Shape], remote: list[Step]) -> list[StepBlock]:
     """A part as the worker takes it: blocks with their columns derived (resolved steps
     grouped by shape, ``shapes`` being the caller's cache); remote phases' trees, which
     are no steps, go to ``remote``."""
@@ -207,7 +204,7 @@ def finished(part: Part, shapes: dict[Any, Shape], remote: list[ResolvedStep]) -
     return [part]
 
 
-def _completed(step: OpenStep) -> bool:
+def _completed(step: Step) -> bool:
     """Whether every event of ``step`` has completed: its own, its phases' (start events
     too: a start recorded on another stream may not have run yet) and its CUDA scalars'."""
     if step.ev1 is not None and not (step.ev1.query() and step.ev0.query()):

@@ -26,9 +26,26 @@ from opentelemetry.trace import (
 from .. import contract as c
 from ..recording.collectives import PREFIX as COLLECTIVE
 from ..recording.collectives import parse as parse_collective
-from ..recording.layouts import E_MESSAGE, E_OOM, E_SNAPSHOT, E_STACK, E_TYPE, M_RESERVED
+from ..recording.layouts import (
+    E_MESSAGE,
+    E_OOM,
+    E_SNAPSHOT,
+    E_STACK,
+    E_TYPE,
+    M_RESERVED,
+    P_ERROR,
+    P_EV0,
+    P_EV1,
+    P_MEMORY,
+    P_NAME,
+    P_PARENT,
+    P_SECONDS,
+    P_SEQ,
+    P_T0,
+    P_T1,
+    Step,
+)
 from .efficiency_lines import span_attributes
-from .resolved import ResolvedPhase, ResolvedStep
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # A collective's wait becomes a span of its own from this long (collectives.py); shorter
@@ -61,7 +78,7 @@ class SpanEmitter:
         self.emitted = 0
         self.device_total: int | None = None  # bytes, set once CUDA memory tracking starts
 
-    def emit(self, step: ResolvedStep) -> tuple[int, int] | None:
+    def emit(self, step: Step) -> tuple[int, int] | None:
         """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""
         off = self.offset_ns
         host_s = step.host_seconds
@@ -86,12 +103,12 @@ class SpanEmitter:
             span_attributes(step.efficiency, attrs)
         start = step.start + off
         end = max(step.end + off, start)
-        wait = sum(p.seconds for p in step.phases if p.name.startswith(COLLECTIVE))
+        wait = sum(r[P_SECONDS] for r in step.phases if r[P_NAME].startswith(COLLECTIVE))
         if wait > 0:
             attrs[c.STEP_COLLECTIVE_WAIT.key] = wait
         root = self._root(step, attrs, start)
         spans = self._phase_tree(step.phases, root, step.index)
-        if step.events:  # (profiler trace, memory snapshot paths: layouts.OpenStep.events)
+        if step.events:  # (profiler trace, memory snapshot paths: layouts.Step.events)
             for name, attributes in step.events:
                 root.add_event(name, attributes, timestamp=start)
         if step.error:
@@ -101,11 +118,11 @@ class SpanEmitter:
         ctx = root.get_span_context()
         return ctx.trace_id, ctx.span_id
 
-    def emit_remote(self, tree: ResolvedStep) -> tuple[int, int] | None:
+    def emit_remote(self, tree: Step) -> tuple[int, int] | None:
         """Emit a remote phase's tree (links.py) under the span its carrier named, if
         sampled there; returns (trace_id, outermost phase's span_id) for exemplars."""
         link = tree.link
-        if link is None or not link.sampled or not tree.rows:
+        if link is None or not link.sampled or not tree.phases:
             return None
         remote = SpanContext(link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED)
         ids = self.ids  # the outermost phase's span gets the id its token names (tokens.py)
@@ -119,36 +136,38 @@ class SpanEmitter:
             if ids is not None:
                 ids.clear()
         self.emitted += len(spans)
-        ctx = spans[tree.phases[0].seq].get_span_context()
+        ctx = spans[tree.phases[0][P_SEQ]].get_span_context()
         return ctx.trace_id, ctx.span_id
 
     def _phase_tree(
         self,
-        phases: list[ResolvedPhase],
+        phases: list[tuple[Any, ...]],
         root: Any,
         index: int | None,
         policy_version: int | None = None,
     ) -> dict[int, Any]:
-        """One span per phase under ``root`` (nested phases nest), ended."""
+        """One span per phase row under ``root`` (nested phases nest), ended."""
         off = self.offset_ns
         spans: dict[int, Any] = {}
         waits = _waits(phases)
-        for phase in phases:  # sorted by seq: parents come before children
-            if waits and phase.name.startswith(COLLECTIVE) and phase.seconds < COLLECTIVE_SPAN_S:
+        for row in phases:  # sorted by seq: parents come before children
+            if waits and row[P_NAME].startswith(COLLECTIVE) and row[P_SECONDS] < COLLECTIVE_SPAN_S:
                 continue  # a short wait: only its parent's collective_wait attribute
-            parent = spans.get(phase.parent, root)
-            span = self._phase_span(phase, parent, index, policy_version)
-            if waits and phase.seq in waits:
-                span.set_attribute(c.PHASE_COLLECTIVE_WAIT.key, waits[phase.seq])
-            spans[phase.seq] = span
+            parent = spans.get(row[P_PARENT], root)
+            span = self._phase_span(row, parent, index, policy_version)
+            seq = row[P_SEQ]
+            if waits and seq in waits:
+                span.set_attribute(c.PHASE_COLLECTIVE_WAIT.key, waits[seq])
+            spans[seq] = span
         # End children before parents so exporters see a complete tree in order.
-        for phase in reversed(phases):
-            span = spans.get(phase.seq)
+        for row in reversed(phases):
+            span = spans.get(row[P_SEQ])
             if span is not None:
-                span.end(end_time=max(phase.end + off, phase.start + off))
+                start, end = _extent(row)
+                span.end(end_time=max(end, start) + off)
         return spans
 
-    def _root(self, step: ResolvedStep, attrs: dict[str, Any], start: int) -> Any:
+    def _root(self, step: Step, attrs: dict[str, Any], start: int) -> Any:
         """The step's span: the root of a trace of its own (with the ids a carrier it
         handed out named), or a child of the other process's span its parent named
         (links.py)."""
@@ -178,12 +197,13 @@ class SpanEmitter:
                 ids.clear()
 
     def _phase_span(
-        self, phase: ResolvedPhase, parent: Any, index: int | None, policy_version: int | None
+        self, row: tuple[Any, ...], parent: Any, index: int | None, policy_version: int | None
     ) -> Any:
-        name = phase.name
+        name = row[P_NAME]
+        on_device = row[P_EV0] is not None  # (placed device times: resolved.py)
         attrs: dict[str, Any] = {
-            c.PHASE_CLOCK.key: "host" if phase.dev_start is None else "device",
-            c.PHASE_HOST_DURATION.key: phase.host_seconds,
+            c.PHASE_CLOCK.key: "device" if on_device else "host",
+            c.PHASE_HOST_DURATION.key: max(0, row[P_T1] - row[P_T0]) / 1e9,
         }
         collective = parse_collective(name)
         if collective is not None:  # named after its op, with its op and group
@@ -194,34 +214,33 @@ class SpanEmitter:
             attrs[c.STEP_INDEX.key] = index
         if policy_version is not None:
             attrs[c.POLICY_VERSION.key] = policy_version
-        dev = phase.device_seconds
-        if dev is not None:
-            attrs[c.PHASE_DEVICE_DURATION.key] = dev
-        if phase.memory is not None:
-            peak_alloc, peak_res, retries, ooms = phase.memory
+        if on_device:
+            attrs[c.PHASE_DEVICE_DURATION.key] = max(0, row[P_EV1] - row[P_EV0]) / 1e9
+        memory = row[P_MEMORY]
+        if memory is not None:
+            peak_alloc, peak_res, retries, ooms = memory
             attrs[c.PHASE_PEAK_ALLOCATED.key] = peak_alloc
             attrs[c.PHASE_PEAK_RESERVED.key] = peak_res
             attrs[c.PHASE_ALLOC_RETRIES.key] = retries
             attrs[c.PHASE_OOMS.key] = ooms
-        if phase.memory is not None and self.device_total:
-            attrs[c.PHASE_PEAK_UTILIZATION.key] = phase.memory[M_RESERVED] / self.device_total
+        if memory is not None and self.device_total:
+            attrs[c.PHASE_PEAK_UTILIZATION.key] = memory[M_RESERVED] / self.device_total
         span = self._tracer.start_span(
             name,
             context=trace.set_span_in_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attrs,
-            start_time=phase.start + self.offset_ns,
+            start_time=_extent(row)[0] + self.offset_ns,
         )
-        if phase.error is not None:
-            self._error_events(span, phase)
+        if row[P_ERROR] is not None:
+            self._error_events(span, row[P_ERROR], row[P_T1])
         return span
 
-    def _error_events(self, span: Any, phase: ResolvedPhase) -> None:
-        """A phase that raised: the exception, the OOM figures, the OOM snapshot's path."""
-        assert phase.error is not None
-        error = phase.error
+    def _error_events(self, span: Any, error: tuple[Any, ...], host_end: int) -> None:
+        """A phase that raised (its described error, layouts.E_TYPE ...): the exception,
+        the OOM figures, the OOM snapshot's path."""
         type_name, message, oom = error[E_TYPE], error[E_MESSAGE], error[E_OOM]
-        at = phase.host_end + self.offset_ns
+        at = host_end + self.offset_ns
         span.add_event(
             "exception",
             {"exception.type": type_name, "exception.message": message,
@@ -249,13 +268,21 @@ class SpanEmitter:
         span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
 
 
-def _waits(phases: list[ResolvedPhase]) -> dict[int, float]:
+def _waits(phases: list[tuple[Any, ...]]) -> dict[int, float]:
     """Seconds each phase waited in the collectives directly inside it, by its seq."""
     out: dict[int, float] = {}
-    for p in phases:
-        if p.name.startswith(COLLECTIVE):
-            out[p.parent] = out.get(p.parent, 0.0) + p.seconds
+    for row in phases:
+        if row[P_NAME].startswith(COLLECTIVE):
+            parent = row[P_PARENT]
+            out[parent] = out.get(parent, 0.0) + row[P_SECONDS]
     return out
+
+
+def _extent(row: tuple[Any, ...]) -> tuple[int, int]:
+    """A phase row's span extent: its device times where measured, else its host times."""
+    if row[P_EV0] is None:
+        return row[P_T0], row[P_T1]
+    return row[P_EV0], max(row[P_EV1], row[P_EV0])
 
 
 def _links(consumed: list[Any]) -> list[trace.Link]:

@@ -28,6 +28,7 @@ from ..recording.layouts import (
     P_NAME,
     P_SECONDS,
     P_T1,
+    Step,
 )
 from ..recording.tokens import observe_staleness
 from .aggregate import Exemplar, HistogramState, MetricsAggregator
@@ -35,7 +36,6 @@ from .blocks import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
-from .resolved import ResolvedStep
 from .sampling import StepSampler
 from .source import Counters, Delivery, StepSource
 from .spans import SpanEmitter
@@ -374,14 +374,14 @@ class Worker:
         self.efficiency = None
         _log.exception("otel-train: computing efficiency figures failed; they are disabled")
 
-    def _remote_metrics(self, trees: list[ResolvedStep]) -> None:
+    def _remote_metrics(self, trees: list[Step]) -> None:
         """Remote phases (links.py) feed the phase metrics like any phase; they are in
         no step here, so no step figure sees them."""
         publisher = self.publisher
         api = publisher is not None and bool(publisher.histograms)
         with self.agg.lock:
             for tree in trees:
-                for row in tree.rows:
+                for row in tree.phases:
                     device = row[P_EV0] is not None
                     entry = self._series[device].get(row[P_NAME])
                     if entry is None:
@@ -396,7 +396,7 @@ class Worker:
 
     # -- spans -------------------------------------------------------------------------
 
-    def _emit_remote(self, trees: list[ResolvedStep]) -> None:
+    def _emit_remote(self, trees: list[Step]) -> None:
         """Remote phases' spans, for those whose carrier was sampled (links.py)."""
         emitter = self.emitter
         if emitter is None:
@@ -409,7 +409,7 @@ class Worker:
                 _log.exception("otel-train: emitting spans failed; spans disabled")
                 return
             if ids is not None:
-                row = tree.rows[0]
+                row = tree.phases[0]
                 entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                 if entry is not None:
                     with self.agg.lock:
@@ -419,7 +419,7 @@ class Worker:
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
 
-    def _emit(self, steps: list[ResolvedStep]) -> None:
+    def _emit(self, steps: list[Step]) -> None:
         emitter = self.emitter
         if emitter is None or not steps:
             return
@@ -433,12 +433,12 @@ class Worker:
             if ids is None:
                 continue
             trace_id, span_id = ids
-            when = step.host_end + emitter.offset_ns
+            when = step.t1 + emitter.offset_ns
             with self.agg.lock:
                 self._step_hist.attach_exemplar(
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
-                for row in step.rows:
+                for row in step.phases:
                     entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
                     if entry is not None:  # folded names map to the "_other" series
                         entry.histogram.attach_exemplar(

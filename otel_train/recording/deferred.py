@@ -32,7 +32,7 @@ from .layouts import (
     SCALARS,
     STEP_BEGIN,
     STEP_END,
-    OpenStep,
+    Step,
     newest_time,
 )
 from .phases import PhaseMachine
@@ -147,7 +147,7 @@ class DeferredLog(PhaseMachine):
         return self._shapes.templates
 
     @property
-    def current_step(self) -> OpenStep | None:
+    def current_step(self) -> Step | None:
         """The open step, after every deferred boundary has been applied (the lock waits
         for a drain in progress: its entries are off the log but not yet applied)."""
         if self._log or self._raw_out():
@@ -156,14 +156,14 @@ class DeferredLog(PhaseMachine):
             return self._current
 
     @property
-    def pending(self) -> collections.deque[OpenStep]:
+    def pending(self) -> collections.deque[Step]:
         """Finished steps waiting for the worker (deferred boundaries applied first)."""
         if self._log or self._raw_out():
             self.settle()
         return self._pending
 
     @property
-    def finished(self) -> collections.deque[OpenStep]:
+    def finished(self) -> collections.deque[Step]:
         """Finished steps waiting, boundaries still in the log not applied."""
         return self._pending
 
@@ -350,7 +350,7 @@ class DeferredLog(PhaseMachine):
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
 
-    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[OpenStep], Run]]:
+    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[Step], Run]]:
         """Apply the log, taking runs of recognised steps whole (recording/templates.py).
 
         Returns ``(steps finished before the run, run)`` pairs in order; steps
@@ -359,7 +359,7 @@ class DeferredLog(PhaseMachine):
         step's entries for the next call (the sidecar's feeder drains every few steps:
         replaying the partial step, or learning from it, would cost more than the rest).
         """
-        out: list[tuple[list[OpenStep], Run]] = []
+        out: list[tuple[list[Step], Run]] = []
         if not self._log or not self._defer or not self.blocks:
             return out
         with self._lock:
@@ -428,7 +428,7 @@ class DeferredLog(PhaseMachine):
         k: int,
         tpl: Template,
         stack: list[Any],
-        out: list[tuple[list[OpenStep], Run]],
+        out: list[tuple[list[Step], Run]],
     ) -> int:
         """Take ``k`` steps of shape ``tpl`` from entry ``i`` as one run, as if they had
         been replayed: the step indices and the step stack move on. Returns the entries

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 (S_NAME, S_SEQ, S_PARENT, S_T0, S_EV0, S_STEP, S_PEAK_ALLOCATED, S_PEAK_RESERVED, S_RETRIES,
  S_OOMS) = range(10)  # fmt: skip
 
-# A finished phase's row (a tuple in OpenStep.phases and ResolvedStep.rows):
+# A finished phase's row (a tuple in Step.phases):
 # (seq, parent seq, name, host t0, host t1, start event or device t0, end event or device
 #  t1, memory figures or None, described error or None, seconds)
 (P_SEQ, P_PARENT, P_NAME, P_T0, P_T1, P_EV0, P_EV1, P_MEMORY, P_ERROR,
@@ -89,30 +89,55 @@ def new_stack() -> PhaseStack:
     return stack
 
 
-class OpenStep:
-    """A step being recorded, then handed to the worker as is."""
+class Step:
+    """A step: the one object from the state machine to its span.
+
+    The state machine (machine.py) fills it as the log is applied: its host times
+    ``t0``/``t1``, its phase rows (``phases``, P_SEQ ... P_SECONDS, holding CUDA events
+    while open), its counts, scalars and links. Once finished it is resolved where it
+    stands (processing/resolved.py): events placed on the host clock in the same row
+    positions, scalars read off the device, and the figures below derived; every
+    consumer reads it in a block of steps (processing/blocks.py), and a traced step's
+    span is built from it."""
 
     __slots__ = (
         "closed",
         "consumed",
+        "dev_end",
+        "dev_start",
         "device",
+        "device_seconds",
+        "efficiency",
+        "end",
         "error",
         "ev0",
         "ev1",
         "events",
+        "host_seconds",
         "index",
         "link",
         "mode",
         "padded",
         "phases",
+        "sampled_because",
         "samples",
         "scalars",
         "seq",
+        "start",
         "t0",
         "t1",
         "tokens",
         "top",
     )
+    # Set when it is resolved (processing/resolved.py), read only after that:
+    host_seconds: float
+    dev_start: int | None  # device start and end, placed on the host clock
+    dev_end: int | None
+    device_seconds: float | None
+    start: int  # the span's extent: host and device times together
+    end: int
+    efficiency: Any  # processing/blocks.StepEfficiency, for a traced step
+    sampled_because: str  # why it was traced (processing/sampling.py)
 
     def __init__(self, index: int, t0: int, mode: int, ev0: Any, device: int | None) -> None:
         self.index = index

@@ -29,7 +29,7 @@ from .layouts import (
     P_SECONDS,
     P_SEQ,
     P_T1,
-    OpenStep,
+    Step,
     new_stack,
 )
 from .links import CarrierGate, Parent, StepLink, new_ids
@@ -94,7 +94,7 @@ class StepMachine:
         window / memory snapshot hooks, when one is on."""
         self.settings = settings
         self.enabled = True
-        self._pending: collections.deque[OpenStep] = collections.deque()
+        self._pending: collections.deque[Step] = collections.deque()
         self.max_pending = settings.max_pending_steps
         self.dropped_steps = 0
         self.dropped_phases = 0
@@ -109,9 +109,9 @@ class StepMachine:
         # FLOP counting (processing/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
         self._tls = threading.local()
-        self._current: OpenStep | None = None
+        self._current: Step | None = None
         self._next_index = 0
-        self._scoped: list[OpenStep | None] = []  # what each open scoped step opened
+        self._scoped: list[Step | None] = []  # what each open scoped step opened
         self.compiled_seen = False  # an adapter saw its model run under torch.compile
         # The dtype autocast (or the trainer's precision setting) runs forwards in, as an
         # adapter saw it: MFU's peak without a FLOP count (efficiency.py, precision.py).
@@ -122,7 +122,7 @@ class StepMachine:
         self._peak_stacks: weakref.WeakSet[Any] = weakref.WeakSet()
         # Background phase trees (phases.py) that ended with no step open: they join the
         # next step to end. And how many trees are open on background threads now.
-        self._orphans: collections.deque[OpenStep] = collections.deque()
+        self._orphans: collections.deque[Step] = collections.deque()
         self.background_open = 0
         self._background_warned = False
         self._failed_once = False
@@ -190,7 +190,7 @@ class StepMachine:
             return None
         return self.device if torch.cuda.current_device() == self.device else None
 
-    def _release_timing(self, step: OpenStep) -> None:
+    def _release_timing(self, step: Step) -> None:
         ev = self.events
         ev.release(step.ev0)
         ev.release(step.ev1)
@@ -198,7 +198,7 @@ class StepMachine:
             ev.release(p[P_EV0])
             ev.release(p[P_EV1])
 
-    def _end_events(self, step: OpenStep) -> None:
+    def _end_events(self, step: Step) -> None:
         """Record ``step``'s end event; a capture that began meanwhile (no event now) makes
         it a host-timed step, its events back in the pool."""
         if step.ev0 is None:
@@ -216,7 +216,7 @@ class StepMachine:
         samples: int | None = None,
         tokens: int | None = None,
         stack: list[list[Any]] | None = None,
-    ) -> OpenStep | None:
+    ) -> Step | None:
         """Open a step at ``t``; ``stack`` is the phase stack of the thread opening it."""
         if not self.enabled:
             return None
@@ -231,9 +231,9 @@ class StepMachine:
             if self._want_cuda and not self._cuda:
                 self._refresh_cuda()
             if self._cuda:
-                step = OpenStep(self._next_index, t, mode, self.events.record(), self.device)
+                step = Step(self._next_index, t, mode, self.events.record(), self.device)
             else:
-                step = OpenStep(self._next_index, t, mode, None, None)
+                step = Step(self._next_index, t, mode, None, None)
             if mode != CYCLE:
                 self.step_stack = stack
             step.samples, step.tokens = samples, tokens
@@ -252,7 +252,7 @@ class StepMachine:
 
     @staticmethod
     def _adopt(
-        current: OpenStep,
+        current: Step,
         mode: int,
         samples: int | None,
         tokens: int | None,
@@ -272,7 +272,7 @@ class StepMachine:
             current.samples, current.tokens, current.padded = samples, tokens, None
         return True
 
-    def _close(self, step: OpenStep, t1: int) -> None:
+    def _close(self, step: Step, t1: int) -> None:
         if self._flop_probe is not None:
             self._flop_probe.end(step, t1)
         step.t1 = t1
@@ -287,7 +287,7 @@ class StepMachine:
             step.events = self._debug.step_events(step.index) or None
         self._queue(step)
 
-    def _queue(self, step: OpenStep) -> None:
+    def _queue(self, step: Step) -> None:
         """A finished step (or remote tree) waits for the worker; the oldest is dropped
         past ``max_pending``."""
         pending = self._pending
@@ -304,7 +304,7 @@ class StepMachine:
 
     # -- background phases (another thread's, see PhaseMachine._enter_at) ---------------
 
-    def _tree_done(self, holder: OpenStep) -> None:
+    def _tree_done(self, holder: Step) -> None:
         """A background thread's outermost phase ended: its tree joins the open step, or
         else waits (bounded) for the next step to end. A remote phase's tree goes to the
         worker on its own, like a step (its rows and events are resolved alike)."""
@@ -325,7 +325,7 @@ class StepMachine:
             self._drop_tree(orphans.popleft())
         orphans.append(holder)
 
-    def _keep_produced(self, holder: OpenStep) -> None:
+    def _keep_produced(self, holder: Step) -> None:
         """A remote tree's figures (its outermost phase's host seconds and memory), for
         its scope's produced() (tokens.py): the last MAX_PRODUCED trees only."""
         produced, link = self.produced_figures, holder.link
@@ -337,7 +337,7 @@ class StepMachine:
         produced[link.span_id] = (row[P_SECONDS], row[P_MEMORY])
 
     @staticmethod
-    def _home(holder: OpenStep, step: OpenStep) -> None:
+    def _home(holder: Step, step: Step) -> None:
         """Move a background tree's rows into ``step``, numbered after its own."""
         base = step.seq
         step.seq = base + holder.seq
@@ -348,7 +348,7 @@ class StepMachine:
         if holder.error:
             step.error = True
 
-    def _drop_tree(self, holder: OpenStep) -> None:
+    def _drop_tree(self, holder: Step) -> None:
         self.dropped_phases += len(holder.phases)
         self._release_step(holder)
 
@@ -378,7 +378,7 @@ class StepMachine:
         self._orphans.clear()
         self.background_open = 0
 
-    def _release_step(self, step: OpenStep) -> None:
+    def _release_step(self, step: Step) -> None:
         """A step no one will resolve: every event it holds back to the pool."""
         self._release_timing(step)
         ev = self.events
@@ -416,7 +416,7 @@ class StepMachine:
 
     @staticmethod
     def _add_counts(
-        step: OpenStep, samples: int | None, tokens: int | None, padded: int | None
+        step: Step, samples: int | None, tokens: int | None, padded: int | None
     ) -> None:
         step.samples = add_count(step.samples, samples)
         step.tokens = add_count(step.tokens, tokens)
@@ -470,7 +470,7 @@ class StepMachine:
         if step is not None and step.link is None and parent[2]:
             step.link = StepLink.under(Parent(*parent))
 
-    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None, span: int) -> OpenStep:
+    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None, span: int) -> Step:
         """The tree of a remote phase entered at ``t``: in no step here; a span in the
         trace ``parent`` names if sampled there, else metrics only (links.py); its
         outermost span's id is ``span`` (what its token names, tokens.py)."""
@@ -478,9 +478,9 @@ class StepMachine:
             self._refresh_cuda()
         device = self._thread_device()
         if device is not None:
-            holder = OpenStep(-1, t, REMOTE, self.events.record(), device)
+            holder = Step(-1, t, REMOTE, self.events.record(), device)
         else:
-            holder = OpenStep(-1, t, REMOTE, None, None)
+            holder = Step(-1, t, REMOTE, None, None)
         if parent is not None:
             holder.link = StepLink.under(Parent(*parent))._replace(span_id=span)
         else:  # (a bad carrier: no trace, but produced() finds its figures by the id)

@@ -19,7 +19,7 @@ from .layouts import (
     S_SEQ,
     S_STEP,
     MainPhaseStack,
-    OpenStep,
+    Step,
     describe_exception,
 )
 from .machine import StepMachine
@@ -32,7 +32,7 @@ class PhaseMachine(StepMachine):
     The training thread is the one whose stack opened the last explicit or adapter step
     (``step_stack``); before any has, the main thread. Another thread's phases are
     *background* phases: they never open, end or cycle a step. Each outermost one
-    collects the phases nested in it in a holder (an OpenStep of mode BACKGROUND) and,
+    collects the phases nested in it in a holder (an Step of mode BACKGROUND) and,
     when it ends, joins the step open then, or else the next step to end (machine.py).
     A remote phase (links.py) on any thread is held the same way (mode REMOTE) and goes
     to the worker on its own when it ends.
@@ -46,7 +46,7 @@ class PhaseMachine(StepMachine):
         return stack is not owner
 
     def _enter_at(
-        self, name: str, t: int, stack: list[list[Any]], holder: OpenStep | None = None
+        self, name: str, t: int, stack: list[list[Any]], holder: Step | None = None
     ) -> None:
         """Enter ``name`` on ``stack`` at ``t``: in the open step, the background or
         remote tree open on the stack, or ``holder`` (a remote tree it begins)."""
@@ -62,7 +62,7 @@ class PhaseMachine(StepMachine):
                 if stack:
                     step = stack[-1][S_STEP]
                 else:
-                    step = OpenStep(-1, t, BACKGROUND, None, self._thread_device())
+                    step = Step(-1, t, BACKGROUND, None, self._thread_device())
                     self.background_open += 1
             elif step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t, stack)
@@ -94,8 +94,8 @@ class PhaseMachine(StepMachine):
             self._fail()
 
     def _enter_top(
-        self, name: str, step: OpenStep | None, t: int, stack: list[list[Any]]
-    ) -> OpenStep | None:
+        self, name: str, step: Step | None, t: int, stack: list[list[Any]]
+    ) -> Step | None:
         """A top-level phase: open a cycle step if none, or start the next cycle."""
         if step is None:
             step = self._begin_at(CYCLE, t, stack=stack)

@@ -45,8 +45,8 @@ from .layouts import (
     SCALARS,
     STEP_BEGIN,
     STEP_END,
-    OpenStep,
     PhaseStack,
+    Step,
     describe_exception,
     new_stack,
 )
@@ -87,11 +87,11 @@ __all__ = [
     "MAX_SCALAR_NAMES",
     "MAX_STACK",
     "Boundary",
-    "OpenStep",
     "PhaseScope",
     "PhaseStack",
     "Recorder",
     "RemotePhaseScope",
+    "Step",
     "StepScope",
     "boundary",
     "describe_exception",
@@ -278,7 +278,7 @@ class Recorder(TraceEntries):
 
     def begin_step(
         self, mode: int, samples: int | None = None, tokens: int | None = None
-    ) -> OpenStep | None:
+    ) -> Step | None:
         """Open a step of ``mode`` now (never deferred: the caller gets the step)."""
         if not self.enabled:
             self._disabled()

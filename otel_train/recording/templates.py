@@ -11,9 +11,9 @@ nothing else on this path), so any later run of the same boundary objects, from 
 thread, from an idle recorder, gives the same shape with other times.
 
 The worker then takes k such steps as one :class:`StepBlock`: their times and counts in
-lists, with no ``OpenStep``, phase tuple or ``ResolvedStep`` built per step. Metrics,
+lists, with no ``Step`` or phase tuple built per step. Metrics,
 throughput, efficiency figures, the console and the trace sampler read the columns; only
-the steps chosen for traces are built as ``ResolvedStep`` objects
+the steps chosen for traces are built as ``Step`` objects
 (:meth:`StepBlock.step`). Anything else in the log (an explicit phase, scalars, an
 exception, another thread's boundary, the end of an epoch) goes through the ordinary
 replay, and the recognition starts again at the next idle point.

@@ -84,7 +84,7 @@ class RemoteHangs:
     def arrived(self, delivery: Delivery) -> None:
         for part in delivery.parts:
             if part:
-                end = part.last_end() if isinstance(part, StepBlock) else part[-1].host_end
+                end = part.last_end() if isinstance(part, StepBlock) else part[-1].t1
                 self.seen_ns = max(self.seen_ns, end)
 
     def ask(self, age: float, limit: float) -> None:

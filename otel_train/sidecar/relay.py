@@ -8,7 +8,7 @@ plain, worst step +16 ms: docs/rationale.md). So the sidecar does that work for 
 providers too, and sends back only what must be handed to them, over a pipe of its own
 (never the control pipe, which the training thread reads at its pumps):
 
-- ``(STEPS, [ResolvedStep])`` and ``(TREES, [ResolvedStep])``: the steps the sampler
+- ``(STEPS, [Step])`` and ``(TREES, [Step])``: the steps the sampler
   chose, their span ids chosen in the sidecar (the exemplars there point at them), and
   remote phases' trees;
 - ``(METRICS, values, histograms)``: the sidecar's aggregator as it stands, every
@@ -122,15 +122,15 @@ class RelayEmitter:
             else:
                 step.link = link._replace(span_id=span_id)
         self._out.send((STEPS, [step]))
-        self.emitted += 1 + len(step.rows)
+        self.emitted += 1 + len(step.phases)
         return step.link.trace_id, step.link.span_id
 
     def emit_remote(self, tree: Any) -> tuple[int, int] | None:
         link = tree.link
-        if link is None or not link.sampled or not tree.rows:
+        if link is None or not link.sampled or not tree.phases:
             return None
         self._out.send((TREES, [tree]))
-        self.emitted += len(tree.rows)
+        self.emitted += len(tree.phases)
         return link.trace_id, link.span_id
 
 

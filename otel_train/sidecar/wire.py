@@ -1,5 +1,6 @@
 """What crosses the pipe between the training process and its sidecar: framed messages
-of plain tuples, lists and numbers (pickle protocol 5: C code, no objects of ours).
+of plain tuples, lists and numbers (pickle protocol 5), and resolved steps as their
+fields (below).
 
 Training process -> sidecar (its stdin), one frame each:
 
@@ -33,7 +34,8 @@ step_stack_token)`` (raw.py), ``(CONSOLE, text)`` (a table or the summary, to pr
 
 A frame is a 4-byte little-endian length and the pickled message. A thread's phase stack
 in a log entry crosses as a token (``copyreg``, below): the sidecar's replica keeps one
-stack per token, so entries of one thread name one stack there too.
+stack per token, so entries of one thread name one stack there too. A resolved step
+crosses as its fields (``copyreg`` too), and is the same step on the other side.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ import struct
 from typing import Any
 
 from ..processing.blocks import StepBlock
-from ..processing.resolved import ResolvedStep
+from ..processing.resolved import settle
 from ..processing.source import Counters, Delivery, Part
-from ..recording.layouts import MainPhaseStack, PhaseStack
+from ..recording.layouts import MainPhaseStack, PhaseStack, Step
 from ..recording.links import StepLink
+from ..recording.scopes import EXPLICIT
 from ..recording.templates import Template
 from ..recording.tokens import Consumed
 
@@ -116,7 +119,8 @@ _STEPS, _BLOCK = 0, 1
 
 
 def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
-    """Parts as tuples; ``template_key(template)`` names a block's shape (sent apart)."""
+    """Parts as tuples; ``template_key(template)`` names a block's shape (sent apart).
+    Resolved steps go as they are (their reducer is below)."""
     out: list[tuple[Any, ...]] = []
     for part in parts:
         if isinstance(part, StepBlock):
@@ -124,15 +128,8 @@ def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
             out.append((_BLOCK, template_key(part.template), part.first, times, samples,
                         tokens, padded, scalars))  # fmt: skip
         else:
-            out.append((_STEPS, [_step(s) for s in part]))
+            out.append((_STEPS, part))
     return out
-
-
-def _step(s: ResolvedStep) -> tuple[Any, ...]:
-    link = tuple(s.link) if s.link is not None else None
-    consumed = [tuple(x) for x in s.consumed] if s.consumed else None
-    return (s.index, s.host_start, s.host_end, s.samples, s.tokens, s.padded, s.rows,
-            s.scalars, s.error, s.dev_start, s.dev_end, link, consumed, s.events)  # fmt: skip
 
 
 def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
@@ -142,22 +139,38 @@ def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template])
             _, key, first, times, samples, tokens, padded, scalars = item
             counts = (samples, tokens, padded)
             out.append(StepBlock.from_raw(templates[key], first, times, counts, scalars))
-            continue
-        steps = []
-        for fields in item[1]:
-            (index, h0, h1, samples, tokens, padded, rows, scalars, error, d0, d1, link, used,
-             events) = fields  # fmt: skip
-            rs = ResolvedStep(index, h0, h1)
-            rs.samples, rs.tokens, rs.padded = samples, tokens, padded
-            rs.link = StepLink(*link) if link is not None else None
-            rs.consumed = [Consumed(*x) for x in used] if used else None
-            rs.rows, rs.scalars, rs.error, rs.events = rows, scalars, error, events
-            if d0 is not None:
-                rs.dev_start, rs.dev_end = d0, d1
-                rs.finish()
-            steps.append(rs)
-        out.append(steps)
+        else:
+            out.append(item[1])
     return out
+
+
+def _step_fields(s: Step) -> tuple[Any, tuple[Any, ...]]:
+    """A resolved step (no CUDA event left in it: resolved.py) as its fields, both ways
+    across the pipe: finished steps to the sidecar, traced ones back to the relay."""
+    link = tuple(s.link) if s.link is not None else None
+    consumed = [tuple(x) for x in s.consumed] if s.consumed else None
+    device = (s.dev_start, s.dev_end) if s.dev_start is not None else None
+    return _step_of, (s.index, s.t0, s.t1, s.samples, s.tokens, s.padded, s.phases,
+                      s.scalars, s.error, device, link, consumed, s.events, s.efficiency,
+                      s.sampled_because)  # fmt: skip
+
+
+def _step_of(index: int, t0: int, t1: int, samples: int | None, tokens: int | None,
+             padded: int | None, phases: list[tuple[Any, ...]], scalars: Any, error: bool,
+             device: tuple[int, int] | None, link: Any, consumed: Any, events: Any,
+             efficiency: Any, because: str) -> Step:  # fmt: skip
+    step = Step(index, t0, EXPLICIT, None, None)
+    step.t1, step.closed = t1, True
+    step.samples, step.tokens, step.padded = samples, tokens, padded
+    step.phases, step.scalars, step.error, step.events = phases, scalars, error, events
+    step.link = StepLink(*link) if link is not None else None
+    step.consumed = [Consumed(*x) for x in consumed] if consumed else None
+    settle(step, device)
+    step.efficiency, step.sampled_because = efficiency, because
+    return step
+
+
+copyreg.pickle(Step, _step_fields)
 
 
 def encode_counters(c: Counters, dropped_handover: int) -> dict[str, Any]:

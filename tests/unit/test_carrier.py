@@ -15,7 +15,7 @@ from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_m
 
 import otel_train
 from otel_train import contract as c
-from otel_train.processing.resolved import ResolvedStep
+from otel_train.processing.resolved import finished_step
 from otel_train.recording.links import StepLink
 from otel_train.runs import record_data
 from otel_train.sidecar import wire
@@ -260,7 +260,7 @@ def test_remote_phases_in_a_plain_loop_and_an_instrumented_generator() -> None:
 
 
 def test_links_cross_the_sidecar_pipe() -> None:
-    step = ResolvedStep(-1, 10, 20)
+    step = finished_step(-1, 10, 20)
     step.link = StepLink(7, 0, 9, True, 3, 2)
     (part,) = wire.decode_parts(wire.encode_parts([[step]], lambda t: 0), {})
     assert isinstance(part, list) and part[0].index == -1 and part[0].link == step.link

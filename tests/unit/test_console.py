@@ -10,10 +10,11 @@ import pytest
 
 from otel_train.processing.blocks import group_steps
 from otel_train.processing.console import ConsoleReporter
-from otel_train.processing.resolved import ResolvedStep
+from otel_train.processing.resolved import finished_step
+from otel_train.recording.layouts import Step
 
 
-def _steps(n: int, seed: int = 3) -> list[ResolvedStep]:
+def _steps(n: int, seed: int = 3) -> list[Step]:
     rnd = random.Random(seed)
     out, t = [], 1_000_000
     for i in range(n):
@@ -24,15 +25,15 @@ def _steps(n: int, seed: int = 3) -> list[ResolvedStep]:
             memory = (rnd.randint(1, 1 << 30), 0, 0, 0) if name == "forward" else None
             rows.append((seq, parent, name, t, t + d, None, None, memory, None, d / 1e9))
             t += d
-        step = ResolvedStep(i, start, t)
-        step.rows, step.samples = rows, 32
+        step = finished_step(i, start, t)
+        step.phases, step.samples = rows, 32
         step.scalars = [("loss", 1.0 / (i + 1))]
         out.append(step)
         t += rnd.randint(0, 50_000)
     return out
 
 
-def _printed(every: int, batches: list[list[ResolvedStep]]) -> str:
+def _printed(every: int, batches: list[list[Step]]) -> str:
     console = ConsoleReporter(every, "stdout")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # the console writes to sys.stdout as it is then

@@ -532,7 +532,7 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
     from otel_train.processing.console import fmt_seconds
     from otel_train.processing.efficiency import EfficiencyTracker
     from otel_train.processing.efficiency_lines import summary_lines
-    from otel_train.processing.resolved import ResolvedStep
+    from otel_train.processing.resolved import finished_step
     from otel_train.recording.regions import RegionLog
     from otel_train.settings import Settings
 
@@ -540,7 +540,7 @@ def test_count_cost_line_never_contradicts_itself(counted_s: float, later_s: flo
     tracker = EfficiencyTracker(settings, None, RegionLog(), 20, probe=_CountedOnce(counted_s))
     t = 0
     for index, seconds in enumerate([0.1, counted_s] + [later_s] * 5):
-        step = ResolvedStep(index, t, t + int(seconds * 1e9))
+        step = finished_step(index, t, t + int(seconds * 1e9))
         step.samples = 8
         t += int(seconds * 1e9)
         (block,) = group_steps([step], {})

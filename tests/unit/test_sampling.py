@@ -7,28 +7,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_train.processing.blocks import StepBlock, group_steps
-from otel_train.processing.resolved import ResolvedStep
+from otel_train.processing.resolved import finished_step
 from otel_train.processing.sampling import StepSampler
+from otel_train.recording.layouts import Step
 
 MS = 1_000_000
 
 
 def make(
     index: int, duration_ms: float, start_ms: float | None = None, error: bool = False
-) -> ResolvedStep:
+) -> Step:
     start = int((index * 1000 if start_ms is None else start_ms) * MS)
-    step = ResolvedStep(index, start, start + int(duration_ms * MS))
+    step = finished_step(index, start, start + int(duration_ms * MS))
     step.error = error
     return step
 
 
-def one(step: ResolvedStep) -> StepBlock:
+def one(step: Step) -> StepBlock:
     """A step as a block of one (the type the sampler reads)."""
     (block,) = group_steps([step], {})
     return block
 
 
-def run(sampler: StepSampler, steps: list[ResolvedStep]) -> list[tuple[int, int, str]]:
+def run(sampler: StepSampler, steps: list[Step]) -> list[tuple[int, int, str]]:
     """(offered at index, emitted index, reason) for every emission."""
     out = []
     for s in steps:

@@ -312,7 +312,7 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     """The sidecar yields its core to training: a worker that falls behind must not hold
     whatever the pipe brings. Past the bound the oldest steps go, counted as the
     feeder's are (dropped{reason="sidecar"})."""
-    from otel_train.processing.resolved import ResolvedStep
+    from otel_train.processing.resolved import finished_step
     from otel_train.processing.source import Counters, Delivery
     from otel_train.settings import Settings
     from otel_train.sidecar import replica
@@ -321,7 +321,7 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     source = replica.RemoteSource(Settings(), lambda message: None)
     index = 0
     for _ in range(50):  # 50 batches of 10 steps arrive before the worker takes any
-        steps = [ResolvedStep(index + i, 0, 1) for i in range(10)]
+        steps = [finished_step(index + i, 0, 1) for i in range(10)]
         index += 10
         source.push(Delivery(parts=[steps], counters=Counters(dropped_handover=3)))
     batch = source.take()

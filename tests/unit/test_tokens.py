@@ -15,7 +15,7 @@ from otel_helpers import providers, step_spans
 
 import otel_train
 from otel_train import contract as c
-from otel_train.processing.resolved import ResolvedStep
+from otel_train.processing.resolved import finished_step
 from otel_train.recording.tokens import MAX_CONSUMED, MAX_PRODUCED, Consumed
 from otel_train.sidecar import wire
 from otel_train.testing import InMemoryTelemetry
@@ -198,7 +198,7 @@ def test_what_waits_for_tokens_is_bounded() -> None:
 
 
 def test_consumed_rollouts_cross_the_sidecar_pipe() -> None:
-    step = ResolvedStep(4, 10, 20)
+    step = finished_step(4, 10, 20)
     step.consumed = [Consumed(7, 9, True, "rollout", "generator", 0.5, 10, 100, 2, 3)]
     (part,) = wire.decode_parts(wire.encode_parts([[step]], lambda t: 0), {})
     assert isinstance(part, list) and part[0].consumed == step.consumed
