@@ -318,41 +318,54 @@ def decode(
     known yet (it arrives with a later hand-over). ``tables``: boundaries and names by
     code (lists); ``stack_for(token)``: the stack a token names here."""
     boundaries, names = tables.boundaries, tables.names
+    n_boundaries, n_names = len(boundaries), len(names)
+    counted = [bd[B_COUNTED] for bd in boundaries]
     out: list[tuple[Any, ...]] = []
-    pos = start
+    append = out.append
     stacks: dict[int, Any] = {}
-    for pos in range(start, end):
-        offset = HEADER + (pos % capacity) * SLOT.size
-        kind, name, t, token, a, b, c = SLOT.unpack_from(view, offset)
-        if kind == SIDE:
-            side = sides.pop(pos, None)
-            if side is None:
-                return out, pos
-            out.append(side)
-            continue
-        stack = stacks.get(token)
-        if stack is None and token:
-            stack = stacks[token] = stack_for(token)
-        if kind >= FIRST_CODE:
-            i = kind - FIRST_CODE
-            if i >= len(boundaries):
-                return out, pos
-            bd = boundaries[i]
-            if bd[B_COUNTED]:
-                out.append((stack, t, bd, _count(a), _count(b), _count(c)))
-            else:
-                out.append((stack, t, bd))
-        elif kind in (ENTER, EXIT):
-            if name >= len(names):
-                return out, pos
-            if kind == ENTER:
-                out.append((stack, t, ENTER, names[name]))
-            else:
-                out.append((stack, t, EXIT, names[name], None))
-        elif kind == STEP_BEGIN:
-            out.append((stack, t, STEP_BEGIN, _count(a), _count(b)))
-        elif kind == STEP_END:
-            out.append((stack, t, STEP_END))
-        else:  # COUNTS
-            out.append((None, 0, COUNTS, _count(a), _count(b), _count(c)))
+    last_token, stack = 0, None
+    size = SLOT.size
+    pos = start
+    while pos < end:  # (in at most two runs of slots: the ring wraps once)
+        first = pos % capacity
+        n = min(end - pos, capacity - first)
+        run = view[HEADER + first * size : HEADER + (first + n) * size]  # (a copy: bytes)
+        for kind, name, t, token, a, b, c in SLOT.iter_unpack(run):
+            if kind == SIDE:
+                side = sides.pop(pos, None)
+                if side is None:
+                    return out, pos
+                append(side)
+                pos += 1
+                continue
+            if token != last_token:
+                last_token = token
+                stack = stacks.get(token)
+                if stack is None and token:
+                    stack = stacks[token] = stack_for(token)
+                elif not token:
+                    stack = None
+            if kind >= FIRST_CODE:
+                i = kind - FIRST_CODE
+                if i >= n_boundaries:
+                    return out, pos
+                if counted[i]:
+                    append((stack, t, boundaries[i], None if a == NONE else a,
+                            None if b == NONE else b, None if c == NONE else c))  # fmt: skip
+                else:
+                    append((stack, t, boundaries[i]))
+            elif kind in (ENTER, EXIT):
+                if name >= n_names:
+                    return out, pos
+                if kind == ENTER:
+                    append((stack, t, ENTER, names[name]))
+                else:
+                    append((stack, t, EXIT, names[name], None))
+            elif kind == STEP_BEGIN:
+                append((stack, t, STEP_BEGIN, _count(a), _count(b)))
+            elif kind == STEP_END:
+                append((stack, t, STEP_END))
+            else:  # COUNTS
+                append((None, 0, COUNTS, _count(a), _count(b), _count(c)))
+            pos += 1
     return out, end
