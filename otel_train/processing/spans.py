@@ -33,16 +33,10 @@ from ..recording.layouts import (
     E_STACK,
     E_TYPE,
     M_RESERVED,
-    P_ERROR,
-    P_EV0,
-    P_EV1,
-    P_MEMORY,
     P_NAME,
     P_PARENT,
     P_SECONDS,
     P_SEQ,
-    P_T0,
-    P_T1,
     Step,
 )
 from .efficiency_lines import span_attributes
@@ -199,11 +193,11 @@ class SpanEmitter:
     def _phase_span(
         self, row: tuple[Any, ...], parent: Any, index: int | None, policy_version: int | None
     ) -> Any:
-        name = row[P_NAME]
-        on_device = row[P_EV0] is not None  # (placed device times: resolved.py)
+        _, _, name, t0, t1, d0, d1, memory, error, _ = row
+        on_device = d0 is not None  # (placed device times: resolved.py)
         attrs: dict[str, Any] = {
             c.PHASE_CLOCK.key: "device" if on_device else "host",
-            c.PHASE_HOST_DURATION.key: max(0, row[P_T1] - row[P_T0]) / 1e9,
+            c.PHASE_HOST_DURATION.key: max(0, t1 - t0) / 1e9,
         }
         collective = parse_collective(name)
         if collective is not None:  # named after its op, with its op and group
@@ -215,8 +209,7 @@ class SpanEmitter:
         if policy_version is not None:
             attrs[c.POLICY_VERSION.key] = policy_version
         if on_device:
-            attrs[c.PHASE_DEVICE_DURATION.key] = max(0, row[P_EV1] - row[P_EV0]) / 1e9
-        memory = row[P_MEMORY]
+            attrs[c.PHASE_DEVICE_DURATION.key] = max(0, d1 - d0) / 1e9
         if memory is not None:
             peak_alloc, peak_res, retries, ooms = memory
             attrs[c.PHASE_PEAK_ALLOCATED.key] = peak_alloc
@@ -232,8 +225,8 @@ class SpanEmitter:
             attributes=attrs,
             start_time=_extent(row)[0] + self.offset_ns,
         )
-        if row[P_ERROR] is not None:
-            self._error_events(span, row[P_ERROR], row[P_T1])
+        if error is not None:
+            self._error_events(span, error, t1)
         return span
 
     def _error_events(self, span: Any, error: tuple[Any, ...], host_end: int) -> None:
@@ -280,9 +273,8 @@ def _waits(phases: list[tuple[Any, ...]]) -> dict[int, float]:
 
 def _extent(row: tuple[Any, ...]) -> tuple[int, int]:
     """A phase row's span extent: its device times where measured, else its host times."""
-    if row[P_EV0] is None:
-        return row[P_T0], row[P_T1]
-    return row[P_EV0], max(row[P_EV1], row[P_EV0])
+    _, _, _, t0, t1, d0, d1, _, _, _ = row
+    return (t0, t1) if d0 is None else (d0, max(d1, d0))
 
 
 def _links(consumed: list[Any]) -> list[trace.Link]:
