@@ -36,16 +36,21 @@ def settle(step: Step, device: tuple[int, int] | None = None) -> Step:
     step.device_seconds = max(0, d1 - d0) / 1e9
     start, end = t0, max(t1, d1)
     for row in step.phases:
-        if row[P_EV0] is None:  # (host times; else the device's, placed on the host clock)
-            p_start, p_end = row[P_T0], row[P_T1]
-        else:
-            p_start, p_end = row[P_EV0], max(row[P_EV1], row[P_EV0])
+        p_start, p_end = row_extent(row)
         if p_start < start:
             start = p_start
         if p_end > end:
             end = p_end
     step.start, step.end = start, end
     return step
+
+
+def row_extent(row: tuple[Any, ...]) -> tuple[int, int]:
+    """A phase row's extent: its device times where measured (placed on the host clock),
+    else its host times."""
+    if row[P_EV0] is None:
+        return row[P_T0], row[P_T1]
+    return row[P_EV0], max(row[P_EV1], row[P_EV0])
 
 
 def finished_step(index: int, t0: int, t1: int) -> Step:

@@ -40,6 +40,7 @@ from ..recording.layouts import (
     Step,
 )
 from .efficiency_lines import span_attributes
+from .resolved import row_extent
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # A collective's wait becomes a span of its own from this long (collectives.py); shorter
@@ -157,7 +158,7 @@ class SpanEmitter:
         for row in reversed(phases):
             span = spans.get(row[P_SEQ])
             if span is not None:
-                start, end = _extent(row)
+                start, end = row_extent(row)
                 span.end(end_time=max(end, start) + off)
         return spans
 
@@ -223,7 +224,7 @@ class SpanEmitter:
             context=trace.set_span_in_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attrs,
-            start_time=_extent(row)[0] + self.offset_ns,
+            start_time=row_extent(row)[0] + self.offset_ns,
         )
         if error is not None:
             self._error_events(span, error, t1)
@@ -269,12 +270,6 @@ def _waits(phases: list[tuple[Any, ...]]) -> dict[int, float]:
             parent = row[P_PARENT]
             out[parent] = out.get(parent, 0.0) + row[P_SECONDS]
     return out
-
-
-def _extent(row: tuple[Any, ...]) -> tuple[int, int]:
-    """A phase row's span extent: its device times where measured, else its host times."""
-    _, _, _, t0, t1, d0, d1, _, _, _ = row
-    return (t0, t1) if d0 is None else (d0, max(d1, d0))
 
 
 def _links(consumed: list[Any]) -> list[trace.Link]:

@@ -46,11 +46,10 @@ import struct
 from typing import Any
 
 from ..processing.blocks import StepBlock
-from ..processing.resolved import settle
+from ..processing.resolved import finished_step, settle
 from ..processing.source import Counters, Delivery, Part
 from ..recording.layouts import MainPhaseStack, PhaseStack, Step
 from ..recording.links import StepLink
-from ..recording.scopes import EXPLICIT
 from ..recording.templates import Template
 from ..recording.tokens import Consumed
 
@@ -159,13 +158,13 @@ def _step_of(index: int, t0: int, t1: int, samples: int | None, tokens: int | No
              padded: int | None, phases: list[tuple[Any, ...]], scalars: Any, error: bool,
              device: tuple[int, int] | None, link: Any, consumed: Any, events: Any,
              efficiency: Any, because: str) -> Step:  # fmt: skip
-    step = Step(index, t0, EXPLICIT, None, None)
-    step.t1, step.closed = t1, True
+    step = finished_step(index, t0, t1)
     step.samples, step.tokens, step.padded = samples, tokens, padded
     step.phases, step.scalars, step.error, step.events = phases, scalars, error, events
     step.link = StepLink(*link) if link is not None else None
     step.consumed = [Consumed(*x) for x in consumed] if consumed else None
-    settle(step, device)
+    if device is not None:
+        settle(step, device)  # (host times: finished_step settled them)
     step.efficiency, step.sampled_because = efficiency, because
     return step
 
