@@ -390,6 +390,161 @@ static PyObject *mod_read_ack(PyObject *m, PyObject *buffer) {
                          (unsigned long long)token);
 }
 
+/* -- the reader's decode (ring.py: decode, the reference): slots back into the log
+ * entries the state machine applies, the same tuples the Python decoder builds. In
+ * Python a slot costs ~1,500 instructions to unpack and rebuild; here, the tuple. */
+
+enum { K_ENTER = 0, K_EXIT = 1, K_STEP_BEGIN = 2, K_STEP_END = 3, K_COUNTS = 5 };
+#define K_SIDE 15
+#define K_FIRST_CODE 16
+
+/* A count field as an object: None for NONE_VALUE. A new reference, NULL on error. */
+static PyObject *count_object(int64_t v) {
+    if (v == NONE_VALUE) Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+/* A tuple of n items, each a new reference (any NULL: NULL, the others released). */
+static PyObject *entry_of(Py_ssize_t n, PyObject **items) {
+    PyObject *e = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL) goto fail;
+    e = PyTuple_New(n);
+    if (e == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(e, i, items[i]);
+    return e;
+fail:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return NULL;
+}
+
+static PyObject *new_ref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+
+/* The entry of a slot that is not a side entry, or NULL: with an error set, or without
+ * one where its code or name is not known yet (decoding stops there). */
+static PyObject *slot_entry(const slot_t *s, PyObject *stack, PyObject *boundaries,
+                            PyObject *counted, PyObject *names) {
+    PyObject *items[6];
+    if (s->kind >= K_FIRST_CODE) {
+        Py_ssize_t i = (Py_ssize_t)(s->kind - K_FIRST_CODE);
+        if (i >= PyList_GET_SIZE(boundaries) || i >= PyList_GET_SIZE(counted)) return NULL;
+        int is_counted = PyObject_IsTrue(PyList_GET_ITEM(counted, i));
+        if (is_counted < 0) return NULL;
+        items[0] = new_ref(stack);
+        items[1] = PyLong_FromLongLong(s->t);
+        items[2] = new_ref(PyList_GET_ITEM(boundaries, i));
+        if (!is_counted) return entry_of(3, items);
+        items[3] = count_object(s->a);
+        items[4] = count_object(s->b);
+        items[5] = count_object(s->c);
+        return entry_of(6, items);
+    }
+    if (s->kind == K_ENTER || s->kind == K_EXIT) {
+        if ((Py_ssize_t)s->name >= PyList_GET_SIZE(names)) return NULL;
+        items[0] = new_ref(stack);
+        items[1] = PyLong_FromLongLong(s->t);
+        items[2] = PyLong_FromLong(s->kind);
+        items[3] = new_ref(PyList_GET_ITEM(names, s->name));
+        if (s->kind == K_ENTER) return entry_of(4, items);
+        items[4] = new_ref(Py_None);
+        return entry_of(5, items);
+    }
+    if (s->kind == K_STEP_BEGIN || s->kind == K_STEP_END) {
+        items[0] = new_ref(stack);
+        items[1] = PyLong_FromLongLong(s->t);
+        items[2] = PyLong_FromLong(s->kind);
+        if (s->kind == K_STEP_END) return entry_of(3, items);
+        items[3] = count_object(s->a);
+        items[4] = count_object(s->b);
+        return entry_of(5, items);
+    }
+    items[0] = new_ref(Py_None); /* COUNTS */
+    items[1] = PyLong_FromLong(0);
+    items[2] = PyLong_FromLong(K_COUNTS);
+    items[3] = count_object(s->a);
+    items[4] = count_object(s->b);
+    items[5] = count_object(s->c);
+    return entry_of(6, items);
+}
+
+/* The side entry at pos, popped from sides; NULL without an error where it is not there. */
+static PyObject *pop_side(PyObject *sides, long long pos) {
+    PyObject *key = PyLong_FromLongLong(pos);
+    if (key == NULL) return NULL;
+    PyObject *e = PyDict_GetItemWithError(sides, key);
+    if (e != NULL) {
+        Py_INCREF(e);
+        if (PyDict_DelItem(sides, key) < 0) Py_CLEAR(e);
+    }
+    Py_DECREF(key);
+    return e;
+}
+
+static PyObject *mod_decode(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_Check(args[4]) || !PyList_Check(args[5]) ||
+        !PyList_Check(args[6]) || !PyDict_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "decode(buffer, capacity, start, end, boundaries, "
+                                         "counted, names, stack_for, sides)");
+        return NULL;
+    }
+    long long capacity = PyLong_AsLongLong(args[1]);
+    long long start = PyLong_AsLongLong(args[2]);
+    long long end = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *boundaries = args[4], *counted = args[5], *names = args[6];
+    PyObject *stack_for = args[7], *sides = args[8];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (capacity <= 0 || start < 0 || view.len < HEADER + capacity * SLOT_SIZE) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "buffer smaller than the ring's capacity");
+        return NULL;
+    }
+    const char *slots = (const char *)view.buf + HEADER;
+    PyObject *out = PyList_New(0);
+    PyObject *stack = new_ref(Py_None);
+    uint64_t last_token = 0;
+    long long pos = start;
+    for (; out != NULL && pos < end; pos++) {
+        slot_t s;
+        memcpy(&s, slots + (pos % capacity) * SLOT_SIZE, SLOT_SIZE);
+        PyObject *e;
+        if (s.kind == K_SIDE) {
+            e = pop_side(sides, pos);
+        } else {
+            if (s.stack != last_token) {
+                last_token = s.stack;
+                Py_CLEAR(stack);
+                if (s.stack) {
+                    PyObject *token = PyLong_FromUnsignedLongLong(s.stack);
+                    stack = token ? PyObject_CallOneArg(stack_for, token) : NULL;
+                    Py_XDECREF(token);
+                } else {
+                    stack = new_ref(Py_None);
+                }
+                if (stack == NULL) {
+                    Py_CLEAR(out);
+                    break;
+                }
+            }
+            e = slot_entry(&s, stack, boundaries, counted, names);
+        }
+        if (e == NULL) {
+            if (PyErr_Occurred()) Py_CLEAR(out);
+            break; /* (not known yet: the next hand-over has it) */
+        }
+        if (PyList_Append(out, e) < 0) Py_CLEAR(out);
+        Py_DECREF(e);
+    }
+    Py_XDECREF(stack);
+    PyBuffer_Release(&view);
+    if (out == NULL) return NULL;
+    return Py_BuildValue("(NL)", out, pos);
+}
+
 static PyMethodDef module_methods[] = {
     {"written", (PyCFunction)mod_written, METH_O,
      "written(buffer) -> (position, newest time): what the writer published."},
@@ -397,6 +552,9 @@ static PyMethodDef module_methods[] = {
      "publish_ack(buffer, session, position, next_index, token): the reader's idle point."},
     {"read_ack", (PyCFunction)mod_read_ack, METH_O,
      "read_ack(buffer) -> (session, position, next_index, token)."},
+    {"decode", (PyCFunction)(void (*)(void))mod_decode, METH_FASTCALL,
+     "decode(buffer, capacity, start, end, boundaries, counted, names, stack_for, sides)"
+     " -> (entries, position): ring.py's decode."},
     {NULL},
 };
 
@@ -418,5 +576,12 @@ PyMODINIT_FUNC PyInit__ring(void) {
     }
     PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE);
     PyModule_AddIntConstant(m, "HEADER", HEADER);
+    PyObject *kinds = Py_BuildValue("(iiiiiii)", K_ENTER, K_EXIT, K_STEP_BEGIN, K_STEP_END,
+                                    K_COUNTS, K_SIDE, K_FIRST_CODE);
+    if (kinds == NULL || PyModule_AddObject(m, "KINDS", kinds) < 0) {
+        Py_XDECREF(kinds);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -53,8 +53,14 @@ try:
     from . import _ring  # type: ignore[attr-defined]
 
     NATIVE: Any = _ring.Ring
-except ImportError:  # (not built: the Python writer below, the same slots)
-    NATIVE = None
+    # The C decoder, where it reads the kinds as this module numbers them.
+    NATIVE_DECODE: Any = (
+        _ring.decode
+        if _ring.KINDS == (ENTER, EXIT, STEP_BEGIN, STEP_END, COUNTS, SIDE, FIRST_CODE)
+        else None
+    )
+except ImportError:  # (not built: the Python writer and decoder below, the same slots)
+    NATIVE = NATIVE_DECODE = None
 
 
 class Tables:
@@ -312,14 +318,20 @@ def decode(
     tables: Any,
     stack_for: Callable[[int], Any],
     sides: dict[int, tuple[Any, ...]],
+    native: bool = True,
 ) -> tuple[list[tuple[Any, ...]], int]:
     """The log entries of slots ``start`` to ``end`` (stream positions), and the position
     decoding stopped at: ``end``, or the first slot whose side entry or code is not
     known yet (it arrives with a later hand-over). ``tables``: boundaries and names by
-    code (lists); ``stack_for(token)``: the stack a token names here."""
+    code (lists); ``stack_for(token)``: the stack a token names here. ``native``: in C
+    (``_ring.decode``, the same entries) where it was built; this is its reference."""
     boundaries, names = tables.boundaries, tables.names
-    n_boundaries, n_names = len(boundaries), len(names)
     counted = [bd[B_COUNTED] for bd in boundaries]
+    if native and NATIVE_DECODE is not None:
+        return NATIVE_DECODE(  # type: ignore[no-any-return]
+            view, capacity, start, end, boundaries, counted, names, stack_for, sides
+        )
+    n_boundaries, n_names = len(boundaries), len(names)
     out: list[tuple[Any, ...]] = []
     append = out.append
     stacks: dict[int, Any] = {}

@@ -64,12 +64,22 @@ def _logged() -> tuple[Settings, list[tuple[Any, ...]]]:
         otel_train.shutdown()
 
 
+def _native_decode_or_skip(kind: str) -> bool:
+    """Whether ``kind`` is the C decoder (skipped, or failed in CI, as the C writer)."""
+    if kind == "c" and ring_mod.NATIVE_DECODE is None:
+        _native_or_skip("c")
+        pytest.fail("_ring.KINDS does not number the kinds as ring.py does")
+    return kind == "c"
+
+
+@pytest.mark.parametrize("reader", ["python", "c"])
 @pytest.mark.parametrize("writer", WRITERS)
-def test_slots_decode_to_the_entries_they_were_written_from(writer: str) -> None:
+def test_slots_decode_to_the_entries_they_were_written_from(writer: str, reader: str) -> None:
     settings, entries = _logged()
     kinds = {e[2] if e[2].__class__ is not tuple else "boundary" for e in entries}
     assert {"boundary", 0, 1, 2, 3, 4, 6} <= kinds, kinds  # (every kind a loop logs)
     ring = Ring(Recorder(settings), capacity=64, native=_native_or_skip(writer))
+    native = _native_decode_or_skip(reader)
     try:
         ring.writer.open = 1
         out: list[tuple[Any, ...]] = []
@@ -77,7 +87,7 @@ def test_slots_decode_to_the_entries_they_were_written_from(writer: str) -> None
             for e in entries[start : start + 40]:
                 assert ring.put_entry(e)
             got, upto = decode(ring.view, ring.capacity, start, ring.writer.pos, ring.tables,
-                               ring.tables.stack_objects.get, ring.sides)  # fmt: skip
+                               ring.tables.stack_objects.get, ring.sides, native)  # fmt: skip
             assert upto == ring.writer.pos
             ring.writer.acked = upto
             out += got
@@ -86,6 +96,41 @@ def test_slots_decode_to_the_entries_they_were_written_from(writer: str) -> None
             assert a[0] is b[0] and (a[2] is b[2] or a[2].__class__ is not tuple)
         sides = [e for e in entries if e[2] in (1, 4, 6) and (e[2] != 1 or e[4] is not None)]
         assert len(sides) >= 3  # the raised phase's exit, the scalars, the discard
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("reader", ["python", "c"])
+def test_decoding_stops_at_a_slot_whose_meaning_has_not_arrived(reader: str) -> None:
+    """A side entry, a boundary code or a phase name the reader's tables do not hold yet
+    (a later hand-over brings it): decoding stops at that slot, and goes on from it."""
+    native = _native_decode_or_skip(reader)
+    settings, entries = _logged()
+    ring = Ring(Recorder(settings), capacity=256, native=False)
+    try:
+        ring.writer.open = 1
+        for e in entries[:120]:
+            assert ring.put_entry(e)
+        end = ring.writer.pos
+        full, sides = ring.tables, dict(ring.sides)
+        side = min(sides)
+        partial = ring_mod.Tables()
+        partial.boundaries = full.boundaries[:1]
+        partial.names = full.names
+        args = (ring.view, ring.capacity)
+        got, upto = decode(*args, 0, end, partial, full.stack_objects.get, {}, native)
+        first_other = next(i for i, e in enumerate(entries) if e[2].__class__ is tuple
+                           and e[2] is not full.boundaries[0])  # fmt: skip
+        assert upto == first_other < side and got == entries[:upto]
+        partial.boundaries, partial.names = full.boundaries, full.names[:1]
+        got, upto = decode(*args, 0, end, partial, full.stack_objects.get, dict(sides), native)
+        first_named = next(i for i, e in enumerate(entries)  # (an ENTER or EXIT slot)
+                           if e[2] in (0, 1) and i not in sides)  # fmt: skip
+        assert side < upto == first_named and got == entries[:upto]
+        got, upto = decode(*args, 0, end, full, full.stack_objects.get, {}, native)
+        assert upto == side and got == entries[:side]  # (its side entry not here yet)
+        got, upto = decode(*args, side, end, full, full.stack_objects.get, sides, native)
+        assert upto == end and got == entries[side:end] and not sides
     finally:
         ring.close()
 
