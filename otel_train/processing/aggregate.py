@@ -82,7 +82,7 @@ class HistogramState:
                 if upto == n:
                     break
         counts[-1] += n - below
-        self.exp.observe_many(values)
+        self.exp.observe_sorted(ordered)
         self.sum = sum(values, self.sum)
         self.count += n
         if ordered[0] < self.min:

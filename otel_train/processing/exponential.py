@@ -22,8 +22,9 @@ Usage::
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..contract import DURATION_MAX_SCALE as MAX_SCALE
 from ..contract import DURATION_MAX_SIZE as MAX_SIZE
@@ -42,15 +43,28 @@ class ExponentialBuckets:
         self.buckets: dict[int, int] = {}
 
     def observe_many(self, values: Iterable[float]) -> None:
-        # Bucket i is (base**i, base**(i + 1)]: ceil(log_base(v)) - 1, exact at powers of 2.
+        self.observe_sorted(sorted(values))
+
+    def observe_sorted(self, ordered: Sequence[float]) -> None:
+        """``observe_many`` for values in ascending order: a run of values in one bucket
+        is found by bisection (a batch of step times fills a few buckets), not value by
+        value. Bucket i is (base**i, base**(i + 1)]: ``ceil(log_base(v)) - 1``, exact at
+        powers of 2; each run's ends are checked by that formula, so every value lands
+        where it alone would."""
+        n = len(ordered)
+        j = bisect.bisect_right(ordered, 0.0)
+        self.zero_count += j  # (values <= 0)
         f = 2.0**self.scale
         b, ceil, log2 = self.buckets, math.ceil, math.log2
-        for v in values:
-            if v > 0:
-                i = ceil(log2(v) * f) - 1
-                b[i] = b.get(i, 0) + 1
-            else:
-                self.zero_count += 1
+        while j < n:
+            i = ceil(log2(ordered[j]) * f) - 1
+            hi = bisect.bisect_right(ordered, 2.0 ** ((i + 1) / f), j)
+            while hi > j + 1 and ceil(log2(ordered[hi - 1]) * f) - 1 != i:
+                hi -= 1  # (the bound rounded above the bucket's last value)
+            while hi < n and ceil(log2(ordered[hi]) * f) - 1 == i:
+                hi += 1  # (or below it)
+            b[i] = b.get(i, 0) + hi - j
+            j = hi
         self._fit()
 
     def _fit(self) -> None:

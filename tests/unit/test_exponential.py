@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -180,3 +181,21 @@ def test_in_memory_telemetry_can_hold_the_otlp_form() -> None:
                    for p in tel.points(c.PHASE_DURATION.name))  # fmt: skip
     finally:
         reset()
+
+
+def test_values_at_bucket_bounds_land_where_each_alone_would() -> None:
+    """A batch (bisected by runs) puts each value in the bucket the definition gives it
+    alone, ``ceil(log2(v) * 2**scale) - 1``, at and beside every computed bound too."""
+    f = 2.0**MAX_SCALE
+    bounds = [2.0 ** (k / f) for k in range(-40, 40)]
+    values = [v for b in bounds for v in (math.nextafter(b, 0.0), b, math.nextafter(b, 9.0))]
+    values += [0.0, -1.0, 0.0]
+    random.Random(3).shuffle(values)
+    batch = ExponentialBuckets()
+    batch.observe_many(values)
+    alone: dict[int, int] = {}
+    for v in values:
+        if v > 0:
+            i = math.ceil(math.log2(v) * f) - 1
+            alone[i] = alone.get(i, 0) + 1
+    assert batch.scale == MAX_SCALE and batch.buckets == alone and batch.zero_count == 3
