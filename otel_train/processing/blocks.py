@@ -165,6 +165,11 @@ class StepBlock:
         "template",
         "tokens",
     )  # fmt: skip
+    _times: list[int]  # a recognised block's entry times (take_raw)
+    samples: Column
+    tokens: Column
+    padded: Column
+    scalars: list[list[tuple[str, float]]] | None
 
     def __init__(
         self,
@@ -255,14 +260,17 @@ class StepBlock:
         ]
 
     def take_raw(self) -> tuple[list[int], Column, Column, Column, Any]:
-        """What the columns derive from, in plain lists (the log entries are let go):
-        every entry's time, each step's samples, tokens, padded tokens and scalars."""
+        """What the columns derive from, in plain lists (the log entries are let go, on
+        the first call): every entry's time, each step's samples, tokens, padded tokens
+        and scalars."""
+        if not self._entries:
+            return self._times, self.samples, self.tokens, self.padded, self.scalars
         tpl = self.recognised
         m = tpl.m
         self._times = list(map(_TIME, self._entries))
         self.samples, self.tokens, self.padded = self._counts()
         # Each step's scalars, resolved as the worker resolves a replayed step's.
-        self.scalars: list[list[tuple[str, float]]] | None = None
+        self.scalars = None
         if tpl.scalars:
             per_step: list[list[tuple[str, float]]] = [[] for _ in range(self.k)]
             for p in tpl.scalars:

@@ -30,7 +30,6 @@ from ..processing.hangs import Progress
 from ..processing.instruments import rss_bytes
 from ..processing.source import Delivery
 from ..recording.regions import RegionLog
-from ..recording.templates import Template
 from ..settings import ConfigError
 from ..wiring import build_consumer
 from . import wire
@@ -118,7 +117,6 @@ class Agent:
             fd, capacity = told.split(":")
             ring = (int(fd), int(capacity))
         self.source = RemoteSource(settings, out, ring)
-        self.templates: dict[int, Template] = {}
         self.regions = RegionLog()
         counting = settings.flops == "count" and settings.flops_per_step is None
         self.probe = RemoteProbe(out) if counting else None
@@ -150,9 +148,7 @@ class Agent:
     def handle(self, message: tuple[Any, ...]) -> bool:
         """Apply one message; False at the end."""
         kind = message[0]
-        if kind == wire.TEMPLATE:
-            self.templates[message[1]] = message[2]
-        elif kind == wire.DELIVERY:
+        if kind == wire.DELIVERY:
             _, _, _, _, regions, counts, probe_state, facts = message
             if facts is not None:
                 self.efficiency.model_facts = facts
@@ -162,7 +158,7 @@ class Agent:
                 if probe_state is not None:
                     self.probe.armed, self.probe.failed = probe_state
             self.regions.done.extend(regions)
-            delivery = wire.decode_delivery(message, self.templates)
+            delivery = wire.decode_delivery(message)
             self.hangs.arrived(delivery)
             self.source.push(delivery)
         elif kind == wire.RING:
@@ -279,11 +275,12 @@ def main() -> None:
     logging.basicConfig(format="%(message)s")
     write_lock = threading.Lock()
     stdout = _protocol_out()
+    frames = wire.FrameWriter()
 
     def out(message: tuple[Any, ...]) -> None:
         with write_lock:
             try:
-                stdout.write(wire.frame(message))
+                stdout.write(frames.frame(message))
                 stdout.flush()
             except OSError:
                 pass  # the training process is gone

@@ -29,7 +29,6 @@ from ..processing.hang_details import LocalHangs, hang_label
 from ..processing.source import Counters, Delivery, StepSource
 from ..recording.regions import RegionLog
 from ..recording.ring import Ring
-from ..recording.templates import Template
 from ..settings import ConfigError, Settings
 from . import wire
 from .handback import ConsoleHandback
@@ -80,8 +79,6 @@ class Feeder:
         self.efficiency = efficiency
         self.regions = regions
         self._lock = threading.Lock()  # one pump at a time; a second caller skips
-        self._templates: dict[int, int] = {}  # id(template) -> key sent
-        self._template_refs: list[Template] = []  # kept alive: their ids stay unique
         self.dropped_steps = 0
         self._facts: Any = None
         self._hint: str | None = None  # the precision hint the facts were made with
@@ -249,21 +246,10 @@ class Feeder:
         if self._full():
             self.dropped_steps += n
             return
-        encoded = wire.encode_parts(delivery.parts, self._template_key)
         counters = wire.encode_counters(delivery.counters, self.dropped_steps)
-        self.process.send((wire.DELIVERY, encoded, delivery.scalars, counters, taken_regions,
+        self.process.send((wire.DELIVERY, delivery.parts, delivery.scalars, counters, taken_regions,
                            counts, probe_state, self._facts_if_new()))  # fmt: skip
         self.steps_sent += n
-
-    def _template_key(self, tpl: Template) -> int:
-        key = self._templates.get(id(tpl))
-        if key is None:
-            key = self._templates[id(tpl)] = len(self._template_refs)
-            self._template_refs.append(tpl)
-            fresh = Template(tpl.kinds, tpl.start, tpl.end, tpl.rows, tpl.counts, tpl.mode,
-                             tpl.scalars, tpl.loose)  # fmt: skip
-            self.process.send((wire.TEMPLATE, key, fresh))
-        return key
 
     def _facts_if_new(self) -> Any:
         rec = self.source.recorder

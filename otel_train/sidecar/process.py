@@ -82,6 +82,7 @@ class SidecarProcess:
         self._outbox: collections.deque[bytes] = collections.deque()
         self.queued = 0  # bytes in the outbox and the buffer
         self._control = wire.FrameReader()
+        self._frames = wire.FrameWriter()
         self._unread: list[tuple[Any, ...]] = []  # read past by wait_for: the next read's
         self.dead = False
         self.last_messages: list[tuple[Any, ...]] = []  # what it said while it ended
@@ -92,7 +93,7 @@ class SidecarProcess:
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Queue a frame (any thread; written by the next :meth:`write`)."""
-        data = wire.frame(message)
+        data = self._frames.frame(message)
         self._outbox.append(data)
         self.queued += len(data)
 

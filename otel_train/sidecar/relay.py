@@ -68,6 +68,7 @@ class RelayOut:
         self._fd = fd
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         self._buf = bytearray()
+        self._frames = wire.FrameWriter()
         self.dropped = 0  # frames the pipe could not take
         self.gone = False
         self._lock = threading.Lock()  # the worker's thread and the metrics' thread
@@ -75,7 +76,7 @@ class RelayOut:
     def send(self, message: tuple[Any, ...]) -> None:
         if self.gone:
             return
-        frame = wire.frame(message)
+        frame = self._frames.frame(message)
         with self._lock:
             if len(self._buf) > MAX_BUFFER:
                 self.dropped += 1

@@ -5,7 +5,6 @@ fields (below).
 Training process -> sidecar (its stdin), one frame each:
 
 - ``(HELLO, settings, version, offset_ns, parent_pid, record plan or None)`` first;
-- ``(TEMPLATE, key, template)`` before the first block of a step shape;
 - ``(DELIVERY, parts, scalars, counters, regions, counts, probe_state, facts)``:
   finished steps (``parts``) with what goes beside them;
 - ``(RING, session, position, news, sides)``: the shared-memory ring (recording/ring.py)
@@ -32,32 +31,41 @@ new batch shape), ``(FLUSHED, seq)``, ``(IDLE, session, position, next_index,
 step_stack_token)`` (raw.py), ``(CONSOLE, text)`` (a table or the summary, to print),
 ``(HANG_PROBE, age, limit)`` (a hang record is due: send its details).
 
-A frame is a 4-byte little-endian length and the pickled message. A thread's phase stack
-in a log entry crosses as a token (``copyreg``, below): the sidecar's replica keeps one
-stack per token, so entries of one thread name one stack there too. A resolved step
-crosses as its fields (``copyreg`` too), and is the same step on the other side.
+A frame is a 4-byte little-endian length and the pickled message (:class:`FrameWriter`,
+:class:`FrameReader`, one of each per pipe end). What the core's types become on the way
+(each crosses as itself and is the same object's equal on the other side):
+
+- a thread's phase stack in a log entry: a token (``copyreg``): the sidecar's replica
+  keeps one stack per token, so entries of one thread name one stack there too;
+- a resolved step (``Step``): its fields (``copyreg``);
+- a block of recognised steps (``StepBlock``): its template, first index and raw
+  columns, the log entries let go (``copyreg``);
+- a step shape (``Template``): whole the first time a writer sends it, by its key after;
+  the reader keeps the shapes its writer sent (a pipe's own state, so not ``copyreg``).
 """
 
 from __future__ import annotations
 
 import copyreg
+import io
 import pickle
 import struct
+import threading
 from typing import Any
 
 from ..processing.blocks import StepBlock
 from ..processing.resolved import finished_step, settle
-from ..processing.source import Counters, Delivery, Part
+from ..processing.source import Counters, Delivery
 from ..recording.layouts import MainPhaseStack, PhaseStack, Step
 from ..recording.links import StepLink
 from ..recording.templates import Template
 from ..recording.tokens import Consumed
 
-HELLO, TEMPLATE, DELIVERY, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RING = range(11)
-READY, FAILED = range(11, 13)
-FIRST = 13
-CONSOLE_TO, CONSOLE = 14, 15
-PROGRESS, HANG_PROBE, HANG_DETAILS = range(16, 19)
+HELLO, DELIVERY, FLUSH, END, ARM, FLUSHED, RAW_BEGIN, RAW_END, IDLE, RING = range(10)
+READY, FAILED = range(10, 12)
+FIRST = 12
+CONSOLE_TO, CONSOLE = 13, 14
+PROGRESS, HANG_PROBE, HANG_DETAILS = range(15, 18)
 _LEN = struct.Struct("<I")
 _REPLICA_STACKS: dict[int, PhaseStack] = {}  # the sidecar's: token -> replica stack
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream
@@ -84,16 +92,79 @@ copyreg.pickle(PhaseStack, _stack_token)
 copyreg.pickle(MainPhaseStack, _stack_token)
 
 
-def frame(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=5)
-    return _LEN.pack(len(body)) + body
+class FrameWriter:
+    """Frames for one pipe (any thread): each step shape is sent whole once, then by its
+    key."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, int] = {}  # id(template) -> key
+        self._sent: list[Template] = []  # (kept alive: their ids stay theirs)
+        self._body = io.BytesIO()
+        self._pickler = _Pickler(self._body, self)
+        self._lock = threading.Lock()
+
+    def frame(self, message: tuple[Any, ...]) -> bytes:
+        with self._lock:
+            body = self._body
+            body.seek(0)
+            body.truncate()
+            self._pickler.clear_memo()
+            self._pickler.dump(message)
+            return _LEN.pack(body.tell()) + body.getvalue()
+
+    def template(self, tpl: Template) -> tuple[Any, tuple[Any, ...]]:
+        key = self._keys.get(id(tpl))
+        if key is not None:
+            return _template_known, (key,)
+        key = self._keys[id(tpl)] = len(self._sent)
+        self._sent.append(tpl)
+        return _template_learned, (key, tpl.kinds, tpl.start, tpl.end, tpl.rows, tpl.counts,
+                                   tpl.mode, tpl.scalars, tpl.loose)  # fmt: skip
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, writer: FrameWriter) -> None:
+        super().__init__(file, protocol=5)
+        self._writer = writer
+
+    def reducer_override(self, obj: Any) -> Any:  # (not called for lists, tuples, numbers)
+        if obj.__class__ is Template:
+            return self._writer.template(obj)
+        return NotImplemented
+
+
+def _template_known(key: int) -> Template:
+    raise pickle.UnpicklingError("a step shape by key: a FrameReader reads it")
+
+
+def _template_learned(key: int, *fields: Any) -> Template:
+    raise pickle.UnpicklingError("a step shape by key: a FrameReader reads it")
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, templates: dict[int, Template]) -> None:
+        super().__init__(file)
+        self._templates = templates
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_template_known":
+            return self._templates.__getitem__
+        if module == __name__ and name == "_template_learned":
+            return self._learned
+        return super().find_class(module, name)
+
+    def _learned(self, key: int, *fields: Any) -> Template:
+        tpl = self._templates[key] = Template(*fields)
+        return tpl
 
 
 class FrameReader:
-    """Splits a byte stream into messages (fed whatever ``read()`` returned)."""
+    """Splits a byte stream into messages (fed whatever ``read()`` returned); keeps the
+    step shapes its writer sent."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self.templates: dict[int, Template] = {}
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
         buf = self._buf
@@ -106,41 +177,28 @@ class FrameReader:
                 raise ValueError(f"otel-train sidecar: frame of {n} bytes: broken stream")
             if len(buf) - pos - 4 < n:
                 break
-            out.append(pickle.loads(bytes(buf[pos + 4 : pos + 4 + n])))
+            body = io.BytesIO(buf[pos + 4 : pos + 4 + n])
+            out.append(_Unpickler(body, self.templates).load())
             pos += 4 + n
         del buf[:pos]
         return out
 
 
-# -- parts ------------------------------------------------------------------------------
-
-_STEPS, _BLOCK = 0, 1
+# -- steps and blocks -------------------------------------------------------------------
 
 
-def encode_parts(parts: list[Part], template_key: Any) -> list[tuple[Any, ...]]:
-    """Parts as tuples; ``template_key(template)`` names a block's shape (sent apart).
-    Resolved steps go as they are (their reducer is below)."""
-    out: list[tuple[Any, ...]] = []
-    for part in parts:
-        if isinstance(part, StepBlock):
-            times, samples, tokens, padded, scalars = part.take_raw()
-            out.append((_BLOCK, template_key(part.template), part.first, times, samples,
-                        tokens, padded, scalars))  # fmt: skip
-        else:
-            out.append((_STEPS, part))
-    return out
+def _block_fields(block: StepBlock) -> tuple[Any, tuple[Any, ...]]:
+    """A block of recognised steps as what its columns derive from (StepBlock.take_raw)."""
+    times, samples, tokens, padded, scalars = block.take_raw()
+    return _block_of, (block.recognised, block.first, times, samples, tokens, padded, scalars)
 
 
-def decode_parts(encoded: list[tuple[Any, ...]], templates: dict[Any, Template]) -> list[Part]:
-    out: list[Part] = []
-    for item in encoded:
-        if item[0] == _BLOCK:
-            _, key, first, times, samples, tokens, padded, scalars = item
-            counts = (samples, tokens, padded)
-            out.append(StepBlock.from_raw(templates[key], first, times, counts, scalars))
-        else:
-            out.append(item[1])
-    return out
+def _block_of(template: Template, first: int, times: list[int], samples: Any, tokens: Any,
+              padded: Any, scalars: Any) -> StepBlock:  # fmt: skip
+    return StepBlock.from_raw(template, first, times, (samples, tokens, padded), scalars)
+
+
+copyreg.pickle(StepBlock, _block_fields)
 
 
 def _step_fields(s: Step) -> tuple[Any, tuple[Any, ...]]:
@@ -179,6 +237,6 @@ def encode_counters(c: Counters, dropped_handover: int) -> dict[str, Any]:
     return out
 
 
-def decode_delivery(message: tuple[Any, ...], templates: dict[Any, Template]) -> Delivery:
+def decode_delivery(message: tuple[Any, ...]) -> Delivery:
     _, parts, scalars, counters, *_ = message
-    return Delivery(decode_parts(parts or [], templates), scalars, Counters(**counters))
+    return Delivery(parts or [], scalars, Counters(**counters))

@@ -262,5 +262,5 @@ def test_remote_phases_in_a_plain_loop_and_an_instrumented_generator() -> None:
 def test_links_cross_the_sidecar_pipe() -> None:
     step = finished_step(-1, 10, 20)
     step.link = StepLink(7, 0, 9, True, 3, 2)
-    (part,) = wire.decode_parts(wire.encode_parts([[step]], lambda t: 0), {})
+    ((part,),) = wire.FrameReader().feed(wire.FrameWriter().frame(([step],)))
     assert isinstance(part, list) and part[0].index == -1 and part[0].link == step.link

@@ -200,5 +200,5 @@ def test_what_waits_for_tokens_is_bounded() -> None:
 def test_consumed_rollouts_cross_the_sidecar_pipe() -> None:
     step = finished_step(4, 10, 20)
     step.consumed = [Consumed(7, 9, True, "rollout", "generator", 0.5, 10, 100, 2, 3)]
-    (part,) = wire.decode_parts(wire.encode_parts([[step]], lambda t: 0), {})
+    ((part,),) = wire.FrameReader().feed(wire.FrameWriter().frame(([step],)))
     assert isinstance(part, list) and part[0].consumed == step.consumed
