@@ -65,7 +65,7 @@ class HistogramState:
 
     def observe_many(self, values: list[float]) -> None:
         """``observe`` for each value. Bucket counts come from the sorted values, one
-        bisection per bound rather than per value (5x faster for a batch of steps); the
+        bisection per bound rather than per value (5x faster for a delivery of steps); the
         sum is ``sum(values, start)``, which equals adding them one by one up to rounding
         (Python 3.12+ compensates it)."""
         if not values:

@@ -1,7 +1,7 @@
 """The worker: takes deliveries of finished steps from a source and feeds metrics, tables
 and spans.
 
-It wakes every ``poll_s`` and works every ``batch_s`` or once a quarter of the
+It wakes every ``poll_s`` and works every ``period_s`` or once a quarter of the
 recorder's bounds waits (no per-step signalling from the training thread). Its source
 is a :class:`~.source.StepSource` (the recorder in this process: a thread of the
 training process, when the application passes its own providers) or the sidecar's
@@ -60,7 +60,7 @@ class Worker:
         sampler: StepSampler,
         console: ConsoleReporter,
         poll_s: float = 0.05,
-        batch_s: float = 0.5,
+        period_s: float = 0.5,
         export_drops: Callable[[], dict[str, int]] | None = None,
         efficiency: EfficiencyTracker | None = None,
     ) -> None:
@@ -74,7 +74,7 @@ class Worker:
         self.sampler = sampler
         self.console = console
         self.poll_s = poll_s
-        self.batch_s = batch_s
+        self.period_s = period_s
         self._phase_hist: dict[tuple[Any, ...], HistogramState] = {}  # by attributes
         # Per clock (device?): phase name -> its series; names past MAX_PHASE_SERIES map
         # to the "_other" series.
@@ -101,12 +101,12 @@ class Worker:
     def _run(self) -> None:
         # Wake often, work seldom: a delivery of many steps costs far less per step than a
         # few (the worker's code and data are cold after the training thread ran), so it
-        # processes every ``batch_s``, or sooner when the backlog grows.
+        # processes every ``period_s``, or sooner when the backlog grows.
         last = time.monotonic()
         source = self.source
         while not self._stop.wait(self.poll_s):
             now = time.monotonic()
-            if now - last >= self.batch_s or source.backlog_due():
+            if now - last >= self.period_s or source.backlog_due():
                 last = now
                 self.process()
             if self.hangs is not None:
@@ -208,7 +208,7 @@ class Worker:
         once per delivery."""
         agg = self.agg
         api = self.publisher is not None and bool(self.publisher.histograms)
-        records: list[tuple[str, Any, float]] | None = [] if api else None
+        measurements: list[tuple[str, Any, float]] | None = [] if api else None
         step_values: list[float] = []
         touched: list[_Series] = []  # series whose buffer holds values
         n = 0
@@ -222,9 +222,9 @@ class Worker:
                 if self.efficiency is not None:
                     self._observe_efficiency(block)
                 step_values.extend(block.seconds)
-                if records is not None:
-                    records.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
-                entries = self._block_phases(block, touched, records)
+                if measurements is not None:
+                    measurements.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
+                entries = self._block_phases(block, touched, measurements)
                 if block.memory is not None:
                     self._block_memory(block, [e.memory_name for e in entries])
                 if block.scalars is not None:
@@ -245,9 +245,9 @@ class Worker:
                     agg.add(c.TOKENS.name, (), counts.tokens)
                 if self.efficiency is not None:
                     self._observe_efficiency(None, "end")  # goodput, once per delivery
-        if records:
+        if measurements:
             assert self.publisher is not None
-            for name, attrs, value in records:
+            for name, attrs, value in measurements:
                 self.publisher.record(name, attrs, value)
         return n
 
@@ -290,7 +290,7 @@ class Worker:
         self,
         block: StepBlock,
         touched: list[_Series],
-        records: list[tuple[str, Any, float]] | None,
+        measurements: list[tuple[str, Any, float]] | None,
     ) -> list[_Series]:
         """A block's phase durations into their series' buffers, in step order; returns
         each row's series entry."""
@@ -310,9 +310,9 @@ class Worker:
                 buf.extend(cols[0])
             else:  # a name the step repeats (gradient accumulation): step by step
                 buf.extend(v for vals in zip(*cols, strict=True) for v in vals)
-            if records is not None:
+            if measurements is not None:
                 metric, attrs = entry.metric, entry.attrs
-                records.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
+                measurements.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
         return rows
 
     def _block_memory(self, block: StepBlock, series: list[str | None]) -> None:

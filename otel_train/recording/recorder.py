@@ -11,7 +11,7 @@ still: the hook appends ``(stack, time, ...)`` to a log and returns; the step/ph
 state machine replays the log later, under a lock, on whichever thread settles it
 first (deferred.py). Python code right after a step's kernels runs on cold caches (a
 ``perf_counter_ns`` pair costs ~0.15-0.4 us there against 0.05 us warm), so the fewer
-objects a hook touches, the less it costs; the worker replays a batch of steps on warm
+objects a hook touches, the less it costs; the worker replays a delivery of steps on warm
 caches.
 
 :class:`Recorder` is the one class adapters, the session and tests talk to. It is the
