@@ -36,6 +36,12 @@ from . import wire
 
 ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-over
 CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
+# Pumps let pass before the next session after one ended: doubling from FIRST_WAIT while
+# sessions end soon after they begin (the state is asked for often), back to FIRST_WAIT
+# once one carried SETTLED_SLOTS (it was worth it: a loop that flushes every thousand
+# steps stays raw between its flushes).
+FIRST_WAIT, MAX_WAIT = 8, 4096
+SETTLED_SLOTS = 1 << 12
 
 
 class RawHandover:
@@ -59,7 +65,8 @@ class RawHandover:
         self.caught_up = 0  # slots replayed here to catch up (a figure for tests)
         self.left = 0  # raw sessions ended by a catch-up
         self._wait = 0  # try_enter calls to let pass before the next session
-        self._backoff = 8
+        self._backoff = FIRST_WAIT
+        self._began = 0  # ring position the session began at
 
     def try_enter(self) -> None:
         """Start a raw session if the recorder is idle with nothing waiting (lock held)."""
@@ -84,7 +91,7 @@ class RawHandover:
         self.raw = True
         self.session += 1
         ring, writer = self.ring, self.ring.writer
-        writer.acked = self._acked = self._told = writer.pos
+        writer.acked = self._acked = self._told = self._began = writer.pos
         writer.due = (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS
         writer.open = 1
         rec._ring = ring
@@ -176,10 +183,12 @@ class RawHandover:
             return
         self.raw = False
         self.left += 1
-        self._wait = self._backoff
-        self._backoff = min(4096, self._backoff * 2)
         rec, ring = self.rec, self.ring
         writer = ring.writer
+        if writer.pos - self._began >= SETTLED_SLOTS:
+            self._backoff = FIRST_WAIT
+        self._wait = self._backoff
+        self._backoff = min(MAX_WAIT, self._backoff * 2)
         # Entries logged the old way by calls in flight when the session began: older
         # than the slots. (Taken before the ring closes: what is logged after that is
         # newer, and the caller applies it after these.)

@@ -135,6 +135,26 @@ def test_a_fast_loop_run_raw_for_seconds_loses_no_step(own_sdk: None) -> None:
     _counted_once(sess, trained)
 
 
+def test_a_loop_that_flushes_every_thousand_steps_stays_raw_between_flushes(
+    own_sdk: None,
+) -> None:
+    """A flush ends the raw session (the state is brought here); the next one begins
+    after a wait that doubles only while sessions end soon after they begin. (It doubled
+    at every end: from the seventh flush on, most of each thousand steps were logged the
+    old way, and the waits grew to thousands of pumps.)"""
+    sess, model, opt, loader = _started()
+    handover = sess.feeder.handover
+    raw_slots = []
+    for _ in range(10):
+        written = handover.ring.writer.pos
+        for _ in range(1000 // len(loader)):
+            train_epoch(model, opt, loader)
+        raw_slots.append(handover.ring.writer.pos - written)
+        assert otel_train.flush(30)
+    assert handover.left >= 9
+    assert min(raw_slots[1:]) >= raw_slots[1] // 2 > 0, raw_slots
+
+
 def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     own_sdk: None,
 ) -> None:
