@@ -59,7 +59,7 @@ class Worker:
         emitter: SpanEmitter | None,
         sampler: StepSampler,
         console: ConsoleReporter,
-        poll_s: float = 0.1,
+        poll_s: float = 0.05,
         period_s: float = 0.5,
         export_drops: Callable[[], dict[str, int]] | None = None,
         efficiency: EfficiencyTracker | None = None,

@@ -38,10 +38,10 @@ ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-
 CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
 # Pumps let pass before the next session after one ended: doubling from FIRST_WAIT while
 # sessions end soon after they begin (the state is asked for often), back to FIRST_WAIT
-# once one carried SETTLED_SLOTS (it was worth it: a loop that flushes every thousand
-# steps stays raw between its flushes).
+# once one carried SETTLED_SLOTS, ~150 steps of a plain loop (it was worth it: a loop
+# that flushes every few hundred steps stays raw between its flushes).
 FIRST_WAIT, MAX_WAIT = 8, 4096
-SETTLED_SLOTS = 1 << 12
+SETTLED_SLOTS = 1 << 10
 
 
 class RawHandover:

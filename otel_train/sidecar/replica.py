@@ -33,7 +33,7 @@ REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle p
 # and 16384 of them broke the collector-down memory bound.
 MAX_HELD_STEPS = 1024
 # Held steps (or deliveries) that make the worker take them before its next batch time:
-# it looks every 0.1 s, and the ring's reads bring ~500 steps of a 5k steps/s loop every
+# it looks every 50 ms, and the ring's reads bring ~500 steps of a 5k steps/s loop every
 # 0.1 s, so at a quarter of the bound it takes them well before the bound drops any.
 DUE_HELD_STEPS = MAX_HELD_STEPS // 4
 DUE_DELIVERIES = 64
@@ -41,7 +41,7 @@ DUE_DELIVERIES = 64
 # that its entries never wait here all at once as objects.
 DECODE_SLOTS = 4096
 # Unread slots of a shared ring that make the worker take them before its next batch
-# time (it looks every 0.1 s): the writer refuses past a whole ring not let go of.
+# time (it looks every 50 ms): the writer refuses past a whole ring not let go of.
 DUE_SLOTS = 4096
 
 
