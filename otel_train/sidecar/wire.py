@@ -109,7 +109,14 @@ class FrameWriter:
             body.seek(0)
             body.truncate()
             self._pickler.clear_memo()
-            self._pickler.dump(message)
+            sent = len(self._sent)
+            try:
+                self._pickler.dump(message)
+            except BaseException:  # (no frame: the shapes it would have sent were not)
+                for tpl in self._sent[sent:]:
+                    del self._keys[id(tpl)]
+                del self._sent[sent:]
+                raise
             return _LEN.pack(body.tell()) + body.getvalue()
 
     def template(self, tpl: Template) -> tuple[Any, tuple[Any, ...]]:

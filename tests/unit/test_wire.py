@@ -3,8 +3,10 @@ their shapes cross as themselves, and come out with the columns they went in wit
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
+import pytest
 from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
 
 import otel_train
@@ -69,4 +71,15 @@ def test_each_pipe_sends_a_shape_whole_the_first_time() -> None:
     first, second = wire.FrameWriter(), wire.FrameWriter()
     first.frame((wire.DELIVERY, [block]))
     (message,) = wire.FrameReader().feed(second.frame((wire.DELIVERY, [block])))
+    assert _columns(message[1][0]) == _columns(block)
+
+
+def test_a_frame_that_fails_leaves_its_shapes_unsent() -> None:
+    """A message that cannot be pickled makes no frame, and a shape it carried is sent
+    whole with the next frame that carries it."""
+    (block, *_) = _blocks(epochs=2)
+    writer, reader = wire.FrameWriter(), wire.FrameReader()
+    with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
+        writer.frame((wire.DELIVERY, [block], lambda: None))
+    (message,) = reader.feed(writer.frame((wire.DELIVERY, [block])))
     assert _columns(message[1][0]) == _columns(block)
