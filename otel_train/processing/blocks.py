@@ -241,8 +241,7 @@ class StepBlock:
         """Derive the columns (from the log entries, or from :meth:`from_raw`'s)."""
         if self._steps is not None:
             return
-        if self._entries:
-            self.take_raw()
+        self.take_raw()
         tpl = self.recognised
         m = tpl.m
         times = self._times

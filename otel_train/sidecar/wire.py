@@ -122,11 +122,11 @@ class FrameWriter:
     def template(self, tpl: Template) -> tuple[Any, tuple[Any, ...]]:
         key = self._keys.get(id(tpl))
         if key is not None:
-            return _template_known, (key,)
+            return _template, (key,)
         key = self._keys[id(tpl)] = len(self._sent)
         self._sent.append(tpl)
-        return _template_learned, (key, tpl.kinds, tpl.start, tpl.end, tpl.rows, tpl.counts,
-                                   tpl.mode, tpl.scalars, tpl.loose)  # fmt: skip
+        return _template, (key, tpl.kinds, tpl.start, tpl.end, tpl.rows, tpl.counts,
+                           tpl.mode, tpl.scalars, tpl.loose)  # fmt: skip
 
 
 class _Pickler(pickle.Pickler):
@@ -140,11 +140,8 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _template_known(key: int) -> Template:
-    raise pickle.UnpicklingError("a step shape by key: a FrameReader reads it")
-
-
-def _template_learned(key: int, *fields: Any) -> Template:
+def _template(key: int, *fields: Any) -> Template:
+    """A step shape by key, with its fields the first time (FrameReader reads it)."""
     raise pickle.UnpicklingError("a step shape by key: a FrameReader reads it")
 
 
@@ -154,15 +151,14 @@ class _Unpickler(pickle.Unpickler):
         self._templates = templates
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == __name__ and name == "_template_known":
-            return self._templates.__getitem__
-        if module == __name__ and name == "_template_learned":
-            return self._learned
+        if module == __name__ and name == "_template":
+            return self._template
         return super().find_class(module, name)
 
-    def _learned(self, key: int, *fields: Any) -> Template:
-        tpl = self._templates[key] = Template(*fields)
-        return tpl
+    def _template(self, key: int, *fields: Any) -> Template:
+        if fields:  # (the first time: whole)
+            self._templates[key] = Template(*fields)
+        return self._templates[key]
 
 
 class FrameReader:
