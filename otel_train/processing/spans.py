@@ -10,6 +10,7 @@ error); host-only phases and CPU runs carry host timestamps.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
@@ -46,6 +47,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # A collective's wait becomes a span of its own from this long (collectives.py); shorter
 # ones are only their phase's otel_train.phase.collective_wait (docs/rationale.md).
 COLLECTIVE_SPAN_S = 0.001
+Pieces = Generator[None, None, "tuple[int, int] | None"]  # a trace, a span's start or end at a time
 
 
 class IdChoice(Protocol):
@@ -75,6 +77,16 @@ class SpanEmitter:
 
     def emit(self, step: Step) -> tuple[int, int] | None:
         """Emit the step's trace; returns (trace_id, step span_id) for exemplars."""
+        return finish(self.pieces(step))
+
+    def emit_remote(self, tree: Step) -> tuple[int, int] | None:
+        """Emit a remote phase's tree (links.py) under the span its carrier named, if
+        sampled there; returns (trace_id, outermost phase's span_id) for exemplars."""
+        return finish(self.remote_pieces(tree))
+
+    def pieces(self, step: Step) -> Pieces:
+        """``emit`` one span's start or end at a time (each ``next`` is one: the relay
+        hands them to an application's SDK between its training thread's steps)."""
         off = self.offset_ns
         host_s = step.host_seconds
         attrs: dict[str, Any] = {
@@ -102,7 +114,8 @@ class SpanEmitter:
         if wait > 0:
             attrs[c.STEP_COLLECTIVE_WAIT.key] = wait
         root = self._root(step, attrs, start)
-        spans = self._phase_tree(step.phases, root, step.index)
+        yield
+        spans = yield from self._phase_tree(step.phases, root, step.index)
         if step.events:  # (profiler trace, memory snapshot paths: layouts.Step.events)
             for name, attributes in step.events:
                 root.add_event(name, attributes, timestamp=start)
@@ -113,23 +126,20 @@ class SpanEmitter:
         ctx = root.get_span_context()
         return ctx.trace_id, ctx.span_id
 
-    def emit_remote(self, tree: Step) -> tuple[int, int] | None:
-        """Emit a remote phase's tree (links.py) under the span its carrier named, if
-        sampled there; returns (trace_id, outermost phase's span_id) for exemplars."""
+    def remote_pieces(self, tree: Step) -> Pieces:
+        """``emit_remote`` one span's start or end at a time."""
         link = tree.link
         if link is None or not link.sampled or not tree.phases:
             return None
         remote = SpanContext(link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED)
         ids = self.ids  # the outermost phase's span gets the id its token names (tokens.py)
-        if ids is not None and link.span_id:
-            ids.choose(link.trace_id, link.span_id)
-        try:
-            spans = self._phase_tree(
-                tree.phases, NonRecordingSpan(remote), link.step_index, link.policy_version
-            )
-        finally:
-            if ids is not None:
-                ids.clear()
+        spans = yield from self._phase_tree(
+            tree.phases,
+            NonRecordingSpan(remote),
+            link.step_index,
+            link.policy_version,
+            chosen=(link.trace_id, link.span_id) if ids is not None and link.span_id else None,
+        )
         self.emitted += len(spans)
         ctx = spans[tree.phases[0][P_SEQ]].get_span_context()
         return ctx.trace_id, ctx.span_id
@@ -140,8 +150,10 @@ class SpanEmitter:
         root: Any,
         index: int | None,
         policy_version: int | None = None,
-    ) -> dict[int, Any]:
-        """One span per phase row under ``root`` (nested phases nest), ended."""
+        chosen: tuple[int, int] | None = None,
+    ) -> Generator[None, None, dict[int, Any]]:
+        """One span per phase row under ``root`` (nested phases nest), ended, one start
+        or end a piece; ``chosen``: the ids of the first span (``ids``)."""
         off = self.offset_ns
         spans: dict[int, Any] = {}
         waits = _waits(phases)
@@ -149,17 +161,20 @@ class SpanEmitter:
             if waits and row[P_NAME].startswith(COLLECTIVE) and row[P_SECONDS] < COLLECTIVE_SPAN_S:
                 continue  # a short wait: only its parent's collective_wait attribute
             parent = spans.get(row[P_PARENT], root)
-            span = self._phase_span(row, parent, index, policy_version)
+            span = self._phase_span(row, parent, index, policy_version, chosen)
+            chosen = None
             seq = row[P_SEQ]
             if waits and seq in waits:
                 span.set_attribute(c.PHASE_COLLECTIVE_WAIT.key, waits[seq])
             spans[seq] = span
+            yield
         # End children before parents so exporters see a complete tree in order.
         for row in reversed(phases):
             span = spans.get(row[P_SEQ])
             if span is not None:
                 start, end = row_extent(row)
                 span.end(end_time=max(end, start) + off)
+                yield
         return spans
 
     def _root(self, step: Step, attrs: dict[str, Any], start: int) -> Any:
@@ -192,7 +207,12 @@ class SpanEmitter:
                 ids.clear()
 
     def _phase_span(
-        self, row: tuple[Any, ...], parent: Any, index: int | None, policy_version: int | None
+        self,
+        row: tuple[Any, ...],
+        parent: Any,
+        index: int | None,
+        policy_version: int | None,
+        chosen: tuple[int, int] | None,
     ) -> Any:
         _, _, name, t0, t1, d0, d1, memory, error, _ = row
         on_device = d0 is not None  # (placed device times: resolved.py)
@@ -219,13 +239,20 @@ class SpanEmitter:
             attrs[c.PHASE_OOMS.key] = ooms
         if memory is not None and self.device_total:
             attrs[c.PHASE_PEAK_UTILIZATION.key] = memory[M_RESERVED] / self.device_total
-        span = self._tracer.start_span(
-            name,
-            context=trace.set_span_in_context(parent),
-            kind=SpanKind.INTERNAL,
-            attributes=attrs,
-            start_time=row_extent(row)[0] + self.offset_ns,
-        )
+        ids = self.ids if chosen is not None else None
+        if ids is not None:
+            ids.choose(*chosen)  # type: ignore[misc]
+        try:
+            span = self._tracer.start_span(
+                name,
+                context=trace.set_span_in_context(parent),
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+                start_time=row_extent(row)[0] + self.offset_ns,
+            )
+        finally:
+            if ids is not None:
+                ids.clear()
         if error is not None:
             self._error_events(span, error, t1)
         return span
@@ -260,6 +287,15 @@ class SpanEmitter:
                 timestamp=at,
             )
         span.set_status(Status(StatusCode.ERROR, f"{type_name}: {message}"[:256]))
+
+
+def finish(pieces: Pieces) -> tuple[int, int] | None:
+    """Every piece of ``pieces`` now; what it returns."""
+    try:
+        while True:
+            next(pieces)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def _waits(phases: list[tuple[Any, ...]]) -> dict[int, float]:

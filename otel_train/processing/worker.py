@@ -65,7 +65,7 @@ class Worker:
         efficiency: EfficiencyTracker | None = None,
     ) -> None:
         self.efficiency = efficiency
-        self._export_drops = export_drops
+        self.export_drops = export_drops
         self.source = source  # source.StepSource here, or the sidecar's in its process
         self.counters = Counters()
         self.agg = aggregator
@@ -261,7 +261,7 @@ class Worker:
             ("late_phase", counters.dropped_phases),
             ("scalar_names", counters.dropped_scalars),
             ("sidecar", counters.dropped_handover),
-            *(self._export_drops().items() if self._export_drops is not None else ()),
+            *(self.export_drops().items() if self.export_drops is not None else ()),
         ):
             if count:
                 dropped[((A_REASON, reason),)] = float(count)

@@ -11,6 +11,8 @@ process instead.
 
 - feeder.py: the training process's end (pumps on the training thread when its log or
   ring asks, and on a small thread of its own that tells how far the ring is written);
+  relay_in.py: what the sidecar sends back for the application's own providers, handed
+  to them a span at a time on a thread of its own;
 - raw.py: the raw hand-over's sessions: the hooks write the shared-memory ring
   (recording/ring.py), and the training process catches up from it when asked;
 - process.py: the sidecar's process and the pipes to it;

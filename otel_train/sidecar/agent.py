@@ -133,6 +133,7 @@ class Agent:
         if self.relay is not None:
             # (SpanEmitter's interface: the worker calls emit() and emit_remote())
             self.worker.emitter = RelayEmitter(self.relay, offset_ns)  # type: ignore[assignment]
+            self.worker.export_drops = self.relay.drop_counts
             threading.Thread(target=self._send_metrics, name="otel-train-relay",
                              daemon=True).start()  # fmt: skip
         self.worker.start()
@@ -192,9 +193,10 @@ class Agent:
         relay: sent back, the training process flushes its providers itself)."""
         deadline = time.monotonic() + timeout_s
         self.worker.process()
-        if self.relay is not None:
+        if self.relay is not None:  # (all of it in the pipe before the answer)
             send_metrics(self.relay, self.worker.agg)
-            return True
+            self._drain_relay(deadline)
+            return not self.relay.pending
         t = self.telemetry
         result: list[bool] = []
 
@@ -211,7 +213,7 @@ class Agent:
     def stats(self) -> dict[str, Any]:
         """This process's figures, for the training process (benchmarks, tests)."""
         return {
-            "export_drops": self.telemetry.drop_counts(),
+            "export_drops": (self.relay or self.telemetry).drop_counts(),
             "rss_bytes": rss_bytes(),
             "steps": self.worker.steps_processed,
             "torch_imported": "torch" in sys.modules,  # (it never should be: issue 24)

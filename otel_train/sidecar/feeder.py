@@ -34,7 +34,7 @@ from . import wire
 from .handback import ConsoleHandback
 from .process import SidecarProcess
 from .raw import RawHandover
-from .relay import RelayIn
+from .relay_in import RelayIn
 
 _log = logging.getLogger("otel_train")
 PUMP_ENTRIES = 32  # log entries that make a pump due (a plain loop logs ~8 per step)
@@ -165,8 +165,6 @@ class Feeder:
                     self.pump(idle=True)
             elif now - self._last_pump >= IDLE_PUMP_S or handover.raw:
                 self.pump(idle=True)  # (a raw session told by messages: every tick)
-            if self.relay is not None:
-                self._relay()
             if self.hangs is not None and now - told >= PROGRESS_S:
                 told = now
                 self._hang_messages()
@@ -282,14 +280,6 @@ class Feeder:
         for message in self.process.read():
             self._apply(message)
 
-    def _relay(self) -> None:
-        """What the sidecar sends back for the application's providers (relay.py)."""
-        try:
-            self.relay.take()  # type: ignore[union-attr]
-        except Exception:
-            self.relay = None
-            _log.exception("otel-train: handing telemetry to the providers failed; it is off")
-
     def _hang_messages(self) -> None:
         """PROGRESS, and the details of a HANG_PROBE asked for (on this thread: the
         training thread may have read the probe, but it never collects them)."""
@@ -372,6 +362,7 @@ class Feeder:
                     self.console.write(message[1])
             if self.relay is not None:  # (what it sent back before it ended)
                 self.relay.drain(deadline)
+                self.relay.stop()
             with self.source.recorder._lock:
                 self.handover.leave_raw()  # (left at the final pump already, as a rule)
                 self.ring.close()

@@ -11,54 +11,41 @@ providers too, and sends back only what must be handed to them, over a pipe of i
 - ``(STEPS, [Step])`` and ``(TREES, [Step])``: the steps the sampler
   chose, their span ids chosen in the sidecar (the exemplars there point at them), and
   remote phases' trees;
-- ``(METRICS, values, histograms)``: the sidecar's aggregator as it stands, every
-  ``METRICS_S``; here it replaces a mirror that the application's meter reads at its own
-  collection times (observable instruments, and the histogram bridge on its SDK readers);
+- ``(METRICS, payload)``: the sidecar's aggregator as it stands (its values and
+  histograms, pickled once more: the training process unpickles them only when the
+  application's meter reads them), every ``METRICS_S`` when it changed;
 - ``(LOG, event, severity, attributes, ids)``: a hang record, for its logger provider.
 
-Here, the feeder's thread takes what arrived in small pieces: at most ``STEPS_PER_TICK``
-steps' spans per tick, each piece followed by a GIL release, so the training thread never
-waits behind a batch of span building; steps past that are counted as dropped
-(``span_queue``). A frame the pipe cannot take in the sidecar is dropped and counted too.
+This module is the sidecar's end; relay_in.py is the training process's, which hands
+what arrives to the providers one span at a time. A frame the pipe cannot take here is
+dropped, and its spans are counted (``otel_train.dropped{reason="span_queue"}``).
 
-Usage (what the session and the sidecar do)::
+Usage (what the sidecar does)::
 
-    relay = RelayIn(read_fd, tracer_provider, meter_provider, logger_provider, ...)  # here
-    relay.take()                               # the feeder's thread, every tick
-    out = RelayOut(write_fd)                   # in the sidecar
+    out = RelayOut(write_fd)
+    worker.emitter = RelayEmitter(out, offset_ns)
+    send_metrics(out, worker.agg)             # every METRICS_S, and at a flush
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
+import pickle
 import threading
-import time
-from collections import deque
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 
-from .. import contract as c
-from ..export.bridge import mirror_into
-from ..export.ids import id_choice
-from ..export.logs import logger_for
-from ..export.setup import flush_providers
 from ..processing.aggregate import MetricsAggregator
-from ..processing.hangs import event_record
-from ..processing.spans import SpanEmitter
 from ..recording.links import StepLink, new_ids
 from . import wire
 
-_log = logging.getLogger("otel_train")
 STEPS, TREES, METRICS, LOG = range(4)
-METRICS_S = 0.5  # how often the sidecar sends its aggregator
+METRICS_S = 0.5  # how often the sidecar sends its aggregator (when it changed)
 MAX_BUFFER = 8 << 20  # bytes waiting for the pipe in the sidecar before frames are dropped
-STEPS_PER_TICK = 8  # steps whose spans are built here per tick of the feeder's thread
-MAX_WAITING = 256  # steps waiting here for their spans; past it, the oldest are dropped
 
 
 class RelayOut:
@@ -69,7 +56,8 @@ class RelayOut:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         self._buf = bytearray()
         self._frames = wire.FrameWriter()
-        self.dropped = 0  # frames the pipe could not take
+        self.dropped_spans = 0  # in the frames the pipe could not take
+        self.last_metrics = b""  # the aggregator as last sent (send_metrics)
         self.gone = False
         self._lock = threading.Lock()  # the worker's thread and the metrics' thread
 
@@ -79,10 +67,15 @@ class RelayOut:
         frame = self._frames.frame(message)
         with self._lock:
             if len(self._buf) > MAX_BUFFER:
-                self.dropped += 1
+                if message[0] in (STEPS, TREES):
+                    self.dropped_spans += sum(spans_of(message[0], x) for x in message[1])
                 return
             self._buf += frame
         self.write()
+
+    def drop_counts(self) -> dict[str, int]:
+        """What this end dropped, by ``otel_train.dropped``'s reason (the worker's)."""
+        return {"span_queue": self.dropped_spans} if self.dropped_spans else {}
 
     @property
     def pending(self) -> int:
@@ -153,102 +146,18 @@ class RelayLoggerProvider:
 
 
 def send_metrics(out: RelayOut, agg: MetricsAggregator) -> None:
-    """The aggregator as it stands, for the training process's mirror."""
+    """The aggregator as it stands, for the training process's mirror (relay_in.py), if
+    it changed since last sent."""
     with agg.lock:
         values = {name: dict(table) for name, table in agg.values.items()}
     histograms = [(name, attrs, h) for name, attrs, h in agg.snapshot_histograms()]
-    out.send((METRICS, values, histograms))
+    payload = pickle.dumps((values, histograms), protocol=5)
+    if payload != out.last_metrics:
+        out.last_metrics = payload
+        out.send((METRICS, payload))
 
 
-class RelayIn:
-    """The training process's end: what the sidecar sends back, handed to the
-    application's providers in small pieces on the feeder's thread (see the module doc)."""
-
-    def __init__(self, fd: int, providers: tuple[Any, Any, Any], rank: int, offset_ns: int,
-                 version: str) -> None:  # fmt: skip
-        """``providers``: the application's tracer, meter and logger providers (each may
-        be None)."""
-        tracer_provider, meter_provider, logger_provider = providers
-        self._fd = fd
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-        self._frames = wire.FrameReader()
-        self.emitter: SpanEmitter | None = None
-        if tracer_provider is not None:
-            tracer = tracer_provider.get_tracer(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
-            self.emitter = SpanEmitter(tracer, rank, offset_ns, ids=id_choice(tracer))
-        self.mirror = MetricsAggregator()
-        self.publisher = mirror_into(meter_provider, self.mirror, version)
-        self._logger = logger_for(logger_provider, version)
-        self._waiting: deque[tuple[int, Any]] = deque()
-        self.dropped = 0  # steps whose spans were not built here (more than MAX_WAITING)
-        self._providers = providers
-        self._lock = threading.Lock()  # the feeder's thread and a flush, one at a time
-
-    def take(self, pieces: int = STEPS_PER_TICK) -> None:
-        """What arrived, and up to ``pieces`` steps' spans, each piece a GIL release apart
-        (nothing when a flush takes it now)."""
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            self._take(pieces)
-        finally:
-            self._lock.release()
-
-    def _take(self, pieces: int) -> None:
-        self._read()
-        emitter = self.emitter
-        for _ in range(pieces):
-            if not self._waiting:
-                return
-            kind, item = self._waiting.popleft()
-            if emitter is not None:
-                if kind == STEPS:
-                    emitter.emit(item)
-                else:
-                    emitter.emit_remote(item)
-            time.sleep(0)  # (the training thread takes the GIL back between pieces)
-
-    def drain(self, deadline: float) -> None:
-        """Everything that arrived, spans included, by ``deadline`` (monotonic): a flush,
-        or the end (the sidecar has answered, so its frames are in the pipe)."""
-        with self._lock:
-            while time.monotonic() < deadline:
-                before = len(self._waiting)
-                self._take(MAX_WAITING)
-                if not self._waiting and before == 0 and not self._read():
-                    return
-
-    def flush(self, deadline: float) -> bool:
-        """drain(), then the providers' own flush within what is left of ``deadline``."""
-        self.drain(deadline)
-        return flush_providers(self._providers, deadline)
-
-    def _read(self) -> int:
-        """Apply the frames in the pipe now; the number read."""
-        try:
-            data = os.read(self._fd, 1 << 20)
-        except (BlockingIOError, OSError):
-            return 0
-        messages = self._frames.feed(data) if data else []
-        for message in messages:
-            self._apply(message)
-        return len(messages)
-
-    def _apply(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == METRICS:
-            _, values, histograms = message
-            mirror = self.mirror
-            with mirror.lock:
-                mirror.values = values
-                mirror.histograms = {(name, attrs): h for name, attrs, h in histograms}
-        elif kind == LOG:
-            _, event, severity, attrs, ids = message
-            if self._logger is not None:
-                self._logger.emit(event_record(event, SeverityNumber(severity), attrs, ids))
-        else:
-            for item in message[1]:
-                if len(self._waiting) >= MAX_WAITING:
-                    self._waiting.popleft()
-                    self.dropped += 1
-                self._waiting.append((kind, item))
+def spans_of(kind: int, step: Any) -> int:
+    """The spans a relayed step (a root and its phases) or tree (phases) makes: what a
+    drop of it loses."""
+    return len(step.phases) + (1 if kind == STEPS else 0)

@@ -162,29 +162,48 @@ class _Unpickler(pickle.Unpickler):
 
 
 class FrameReader:
-    """Splits a byte stream into messages (fed whatever ``read()`` returned); keeps the
-    step shapes its writer sent."""
+    """Splits a byte stream into messages (fed whatever ``read()`` returned), one at a
+    time if asked; keeps the step shapes its writer sent."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._pos = 0  # where the next frame starts in ``_buf``
         self.templates: dict[int, Template] = {}
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
-        buf = self._buf
-        buf += data
+        """Every message complete now, ``data`` appended."""
+        self.append(data)
         out = []
-        pos = 0
-        while len(buf) - pos >= 4:
-            (n,) = _LEN.unpack_from(buf, pos)
-            if n > MAX_FRAME:
-                raise ValueError(f"otel-train sidecar: frame of {n} bytes: broken stream")
-            if len(buf) - pos - 4 < n:
-                break
-            body = io.BytesIO(buf[pos + 4 : pos + 4 + n])
-            out.append(_Unpickler(body, self.templates).load())
-            pos += 4 + n
-        del buf[:pos]
+        while (message := self.next_message()) is not None:
+            out.append(message)
         return out
+
+    def append(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_message(self) -> tuple[Any, ...] | None:
+        """The next complete message, or None."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return None
+        (n,) = _LEN.unpack_from(buf, pos)
+        if n > MAX_FRAME:
+            raise ValueError(f"otel-train sidecar: frame of {n} bytes: broken stream")
+        if len(buf) - pos - 4 < n:
+            return None
+        self._pos = pos + 4 + n
+        message: tuple[Any, ...] = _Unpickler(
+            io.BytesIO(buf[pos + 4 : self._pos]), self.templates
+        ).load()
+        return message
+
+    @property
+    def unread(self) -> int:
+        """Bytes not taken as messages yet."""
+        return len(self._buf) - self._pos
 
 
 # -- steps and blocks -------------------------------------------------------------------
