@@ -24,6 +24,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = [sys.executable, str(ROOT / "scripts" / "stack")]
+# The jobs' tiny model, optimizer and loader (16 rows of 8 token ids a batch), lines of a
+# job's script after its imports (torch among them).
+TINY_JOB = """torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
+rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
+loader = torch.utils.data.DataLoader(rows, batch_size=16)
+"""
 DASHBOARDS = ROOT / "grafana" / "dashboards"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from scratch import job_env
-from stack_helpers import attrs, jaeger_traces, poll, prom, running_stack
+from stack_helpers import TINY_JOB, attrs, jaeger_traces, poll, prom, running_stack
 
 from otel_train import contract as c
 
@@ -30,7 +30,8 @@ pytestmark = pytest.mark.stack
 STEPS = 40
 BATCH = 16
 
-JOB = textwrap.dedent("""
+JOB = (
+    textwrap.dedent("""
     import sys, torch, otel_train
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -46,12 +47,9 @@ JOB = textwrap.dedent("""
     reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=500)
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
-    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
-    loader = torch.utils.data.DataLoader(rows, batch_size=16)
+""")
+    + TINY_JOB
+    + textwrap.dedent("""
     otel_train.instrument(model, optimizer=opt, dataloader=loader, trace_steps="all",
                           console="off", tracer_provider=tracer_provider,
                           meter_provider=meter_provider)
@@ -76,6 +74,7 @@ JOB = textwrap.dedent("""
     meter_provider.shutdown()
     tracer_provider.shutdown()
 """)
+)
 
 
 @pytest.fixture(scope="module")

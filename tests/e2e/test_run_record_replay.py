@@ -27,6 +27,7 @@ import pytest
 from scratch import job_env
 from stack_helpers import (
     SINGLE_PROCESS_EMPTY,
+    TINY_JOB,
     dashboard_queries,
     jaeger_traces,
     poll,
@@ -39,14 +40,12 @@ from otel_train import contract as c
 
 pytestmark = pytest.mark.stack
 
-JOB = textwrap.dedent("""
+JOB = (
+    textwrap.dedent("""
     import sys, time, torch, otel_train
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
-    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
-    loader = torch.utils.data.DataLoader(rows, batch_size=16)
+""")
+    + TINY_JOB
+    + textwrap.dedent("""
     otel_train.instrument(model, optimizer=opt, dataloader=loader, peak_tflops=0.5,
                           run_dir=sys.argv[1], prometheus=False)
     for _ in range(int(sys.argv[2])):
@@ -57,6 +56,7 @@ JOB = textwrap.dedent("""
             time.sleep(0.02)
     assert otel_train.shutdown()
 """)
+)
 
 
 def _recorded_trace_ids(run: Path) -> set[str]:

@@ -31,6 +31,7 @@ import pytest
 from scratch import job_env as clean_job_env
 from stack_helpers import (
     SINGLE_PROCESS_EMPTY,
+    TINY_JOB,
     attrs,
     dashboard_queries,
     jaeger_chunks,
@@ -50,14 +51,12 @@ DEMO_STEPS = 200  # a few seconds on a CPU: several 0.5 s metric export interval
 GENERATORS = 2  # the RL example's generator processes
 pytestmark = pytest.mark.stack
 
-PLAIN = textwrap.dedent("""
+PLAIN = (
+    textwrap.dedent("""
     import os, sys, time, torch, otel_train
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 32), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ids, labels = torch.randint(0, 100, (256, 8)), torch.randint(0, 4, (256,))
-    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(256)]
-    loader = torch.utils.data.DataLoader(rows, batch_size=16)
+""")
+    + TINY_JOB
+    + textwrap.dedent("""
     # A CPU has no datasheet peak: give one so MFU is exported like on a listed GPU.
     otel_train.instrument(model, optimizer=opt, dataloader=loader, peak_tflops=0.5)
     steps = int(sys.argv[1])
@@ -74,6 +73,7 @@ PLAIN = textwrap.dedent("""
     time.sleep(float(sys.argv[2]))   # keep /metrics up for Prometheus's scrape
     assert otel_train.shutdown(), "shutdown missed its deadline"
 """)
+)
 
 
 @pytest.fixture(scope="module")
