@@ -118,6 +118,7 @@ class RelayIn:
         self._trace: Pieces | None = None  # the trace being handed over, a piece at a time
         self._providers = providers
         self._eof = False
+        self.failed = False
         self._lock = threading.Lock()  # the relay's thread and a flush, one at a time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="otel-train-relay", daemon=True)
@@ -132,13 +133,13 @@ class RelayIn:
         """Everything that arrived, spans included, by ``deadline`` (monotonic): a flush,
         or the end (the sidecar has answered, so its frames are in the pipe)."""
         with self._lock:
-            while time.monotonic() < deadline and self._piece():
+            while time.monotonic() < deadline and self._guarded():
                 pass
 
     def flush(self, deadline: float) -> bool:
         """drain(), then the providers' own flush within what is left of ``deadline``."""
         self.drain(deadline)
-        return flush_providers(self._providers, deadline)
+        return flush_providers(self._providers, deadline) and not self.failed
 
     def stop(self) -> None:
         """The thread ends (within IDLE_WAIT_S); what is left stays unhanded."""
@@ -146,18 +147,27 @@ class RelayIn:
 
     def _serve(self) -> None:
         """The relay's thread: a piece, a gap, and so on; the pipe waited on when idle."""
+        while not self._stop.is_set() and not self.failed:
+            with self._lock:
+                worked = self._guarded()
+            if worked:
+                time.sleep(PIECE_GAP_S)
+            elif self._eof:
+                return
+            elif not self.failed:
+                select.select([self._fd], [], [], IDLE_WAIT_S)
+
+    def _guarded(self) -> bool:
+        """One piece (``_piece``); an error in it is logged once and ends the relay (what
+        the application's providers raise never reaches training)."""
+        if self.failed:
+            return False
         try:
-            while not self._stop.is_set():
-                with self._lock:
-                    worked = self._piece()
-                if worked:
-                    time.sleep(PIECE_GAP_S)
-                elif self._eof:
-                    return
-                else:
-                    select.select([self._fd], [], [], IDLE_WAIT_S)
+            return self._piece()
         except Exception:
+            self.failed = True
             _log.exception("otel-train: handing telemetry to the providers failed; it is off")
+            return False
 
     def _piece(self) -> bool:
         """One piece of work (the module doc), the pipe read first; False when there was

@@ -3,6 +3,7 @@ a time (sidecar/relay_in.py): a span's start or end, a frame, the metrics only w
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import otel_train
 from otel_train import contract as c
 from otel_train.processing.aggregate import MetricsAggregator
 from otel_train.processing.resolved import finished_step
@@ -137,3 +139,33 @@ def test_steps_past_the_waiting_bound_are_dropped_and_counted() -> None:
     points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
               if m.name == c.DROPPED.name for p in m.data.data_points]  # fmt: skip
     assert [(p.attributes[c.A_REASON], p.value) for p in points] == [("span_queue", 15)]
+
+
+class Raising(SpanProcessor):
+    """An application's span processor that raises."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("the application's processor failed")
+
+
+def test_what_the_applications_sdk_raises_is_logged_once_and_never_reaches_training(
+    caplog: Any,
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(Raising())
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    otel_train.configure(console="off", trace_steps="all", tracer_provider=provider,
+                         meter_provider=meters)  # fmt: skip
+    feeder = otel_train.session.current().feeder
+    assert feeder is not None and feeder.relay is not None
+    with caplog.at_level(logging.ERROR, logger="otel_train"):
+        for _ in range(3):
+            with otel_train.step(), otel_train.phase("work"):
+                pass
+        assert otel_train.flush(timeout=15) is False
+        with otel_train.step(), otel_train.phase("work"):
+            pass
+        otel_train.flush(timeout=15)
+        otel_train.shutdown()
+    failures = [r for r in caplog.records if "handing telemetry to the providers" in r.message]
+    assert len(failures) == 1
