@@ -61,17 +61,19 @@ class RelayOut:
         self.gone = False
         self._lock = threading.Lock()  # the worker's thread and the metrics' thread
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: tuple[Any, ...]) -> bool:
+        """Queue ``message`` and write what the pipe takes now; False if it was dropped."""
         if self.gone:
-            return
+            return False
         frame = self._frames.frame(message)
         with self._lock:
             if len(self._buf) > MAX_BUFFER:
                 if message[0] in (STEPS, TREES):
                     self.dropped_spans += sum(spans_of(message[0], x) for x in message[1])
-                return
+                return False
             self._buf += frame
         self.write()
+        return True
 
     def drop_counts(self) -> dict[str, int]:
         """What this end dropped, by ``otel_train.dropped``'s reason (the worker's)."""
@@ -152,9 +154,8 @@ def send_metrics(out: RelayOut, agg: MetricsAggregator) -> None:
         values = {name: dict(table) for name, table in agg.values.items()}
     histograms = [(name, attrs, h) for name, attrs, h in agg.snapshot_histograms()]
     payload = pickle.dumps((values, histograms), protocol=5)
-    if payload != out.last_metrics:
+    if payload != out.last_metrics and out.send((METRICS, payload)):
         out.last_metrics = payload
-        out.send((METRICS, payload))
 
 
 def spans_of(kind: int, step: Any) -> int:
