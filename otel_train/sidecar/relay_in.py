@@ -5,10 +5,10 @@ Everything here holds the GIL the training thread needs after each of its calls 
 torch, so nothing here is done in one go. A thread of its own (``otel-train-relay``)
 waits on the pipe and does one piece at a time, ``PIECE_GAP_S`` apart:
 
-- one frame unpickled (a step, a tree or a hang record, one message each);
+- one frame unpickled and applied: a step or a tree queued for its spans, a hang record
+  emitted to the logger provider, the metrics kept (below);
 - one span started or ended in the application's SDK (processing/spans.py's
-  ``SpanEmitter.pieces``), a step's trace taking its phases' count twice plus two;
-- one hang record emitted to its logger provider.
+  ``SpanEmitter.pieces``): a step's trace takes twice its phases' count plus two.
 
 The metrics are not taken apart when they arrive: the mirror keeps the sidecar's last
 payload and unpickles it when the application's meter reads it, at that meter's own
