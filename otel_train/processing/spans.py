@@ -132,13 +132,13 @@ class SpanEmitter:
         if link is None or not link.sampled or not tree.phases:
             return None
         remote = SpanContext(link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED)
-        ids = self.ids  # the outermost phase's span gets the id its token names (tokens.py)
         spans = yield from self._phase_tree(
             tree.phases,
             NonRecordingSpan(remote),
             link.step_index,
             link.policy_version,
-            chosen=(link.trace_id, link.span_id) if ids is not None and link.span_id else None,
+            # (the outermost phase's span gets the id its token names: tokens.py)
+            chosen=(link.trace_id, link.span_id) if link.span_id else None,
         )
         self.emitted += len(spans)
         ctx = spans[tree.phases[0][P_SEQ]].get_span_context()
@@ -181,29 +181,38 @@ class SpanEmitter:
         """The step's span: the root of a trace of its own (with the ids a carrier it
         handed out named), or a child of the other process's span its parent named
         (links.py)."""
-        link, ids = step.link, self.ids
+        link = step.link
         context = otel_context.Context()
-        chosen = False
+        chosen = None
         if link is not None:
             if link.parent_id:
                 parent = SpanContext(
                     link.trace_id, link.parent_id, is_remote=True, trace_flags=_SAMPLED
                 )
                 context = trace.set_span_in_context(NonRecordingSpan(parent), context)
-            if link.span_id and ids is not None:
-                ids.choose(link.trace_id, link.span_id)
-                chosen = True
+            if link.span_id:
+                chosen = (link.trace_id, link.span_id)
+        return self._start_span(
+            chosen,
+            c.STEP_SPAN.name,
+            context=context,
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            links=_links(step.consumed) if step.consumed else None,
+            start_time=start,
+        )
+
+    def _start_span(self, chosen: tuple[int, int] | None, name: str, **kwargs: Any) -> Any:
+        """The tracer's ``start_span``, the span getting the ``chosen`` (trace, span) ids
+        if the tracer can (``ids``); chosen and started in one call, so that a trace
+        handed over in pieces (``pieces``) may go on on another thread."""
+        ids = self.ids if chosen is not None else None
+        if ids is not None and chosen is not None:
+            ids.choose(*chosen)
         try:
-            return self._tracer.start_span(
-                c.STEP_SPAN.name,
-                context=context,
-                kind=SpanKind.INTERNAL,
-                attributes=attrs,
-                links=_links(step.consumed) if step.consumed else None,
-                start_time=start,
-            )
+            return self._tracer.start_span(name, **kwargs)
         finally:
-            if chosen and ids is not None:
+            if ids is not None:
                 ids.clear()
 
     def _phase_span(
@@ -239,20 +248,14 @@ class SpanEmitter:
             attrs[c.PHASE_OOMS.key] = ooms
         if memory is not None and self.device_total:
             attrs[c.PHASE_PEAK_UTILIZATION.key] = memory[M_RESERVED] / self.device_total
-        ids = self.ids if chosen is not None else None
-        if ids is not None:
-            ids.choose(*chosen)  # type: ignore[misc]
-        try:
-            span = self._tracer.start_span(
-                name,
-                context=trace.set_span_in_context(parent),
-                kind=SpanKind.INTERNAL,
-                attributes=attrs,
-                start_time=row_extent(row)[0] + self.offset_ns,
-            )
-        finally:
-            if ids is not None:
-                ids.clear()
+        span = self._start_span(
+            chosen,
+            name,
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=row_extent(row)[0] + self.offset_ns,
+        )
         if error is not None:
             self._error_events(span, error, t1)
         return span

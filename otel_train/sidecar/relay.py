@@ -30,7 +30,6 @@ Usage (what the sidecar does)::
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import pickle
 import threading
@@ -53,7 +52,7 @@ class RelayOut:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        os.set_blocking(fd, False)
         self._buf = bytearray()
         self._frames = wire.FrameWriter()
         self.dropped_spans = 0  # in the frames the pipe could not take
