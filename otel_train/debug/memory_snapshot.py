@@ -157,6 +157,16 @@ class MemorySnapshot:
         if not self.on_oom:
             self.close()
 
+    def acts_from(self) -> int | None:
+        """The first step index whose boundaries this snapshot still acts at (see
+        ProfilerWindow.acts_from): -1 while it records or watches for OOMs, the window's
+        first step before the window, None when it is done."""
+        if self.failed or (self.steps is None and not self.on_oom):
+            return None
+        if self.on_oom or self.recording:
+            return -1
+        return None if self._window_path is not None else self.steps[0]  # type: ignore[index]
+
     def events_for(self, index: int) -> list[tuple[str, dict[str, Any]]]:
         """The window snapshot's event for the last window step's span (after the fact)."""
         window = self.steps

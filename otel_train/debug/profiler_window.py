@@ -92,6 +92,15 @@ class ProfilerWindow:
     def covers(self, index: int) -> bool:
         return self.first <= index <= self.last
 
+    def acts_from(self) -> int | None:
+        """The first step index whose boundaries this window still acts at: ``first``
+        before it, -1 while the profiler runs, None once the trace is written (or the
+        window failed). A recorder that applies boundaries later, on another thread,
+        must apply them on the training thread from there on."""
+        if self.done:
+            return None
+        return -1 if self._profiler is not None else self.first
+
     def step_started(self, index: int) -> None:
         """Call as each step begins; starts the profiler at ``first``."""
         if self.done or not self.covers(index):

@@ -10,6 +10,7 @@ span emitter (spans are built after the fact, so events travel by step index).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,10 @@ class DebugHooks:
         self.profiler = profiler
         self.snapshot = snapshot
         self._failed = False
+        # Called (the recorder's lock held) when acts_from() changes at a step's end:
+        # the recorder defers its log again once a window has passed.
+        self.moved: Callable[[], None] | None = None
+        self._acts = self.acts_from()
 
     def step_started(self, index: int) -> None:
         try:
@@ -47,11 +52,28 @@ class DebugHooks:
                 self.snapshot.step_ended(index)
         except Exception:
             self._fail()
+        acts = self.acts_from()
+        if acts != self._acts:
+            self._acts = acts
+            if self.moved is not None:
+                self.moved()
 
     def phase_error(self, exc: BaseException | None) -> str | None:
         """The snapshot path when ``exc`` is a CUDA OOM seen for the first time."""
         try:
             return None if self.snapshot is None else self.snapshot.handle_error(exc)
+        except Exception:
+            self._fail()
+            return None
+
+    def acts_from(self) -> int | None:
+        """The first step index at whose boundaries a component still acts on the training
+        thread (-1: at every one, now), or None when none will (the recorder defers its
+        log while that step is far enough ahead: recording/deferred.py)."""
+        try:
+            components = (self.profiler, self.snapshot)
+            starts = [c.acts_from() for c in components if c is not None]
+            return min((s for s in starts if s is not None), default=None)
         except Exception:
             self._fail()
             return None

@@ -36,7 +36,7 @@ from .layouts import (
     newest_time,
 )
 from .phases import PhaseMachine
-from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, SETTLE_SLICE
+from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, NEAR_WINDOW, SETTLE_SLICE
 from .shapes import StepShapes
 from .templates import KIND, STACK, Run, Template
 
@@ -73,13 +73,18 @@ class DeferredLog(PhaseMachine):
         # The newest entry time that left the log or the queue (progress_ns).
         self.progress_floor = 0
         # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
-        self._defer = self._may_defer()
-        self._shapes = StepShapes(settings)
-        self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
-        # Past these many log entries the log is applied here (the worker fell behind),
-        # unless on_backlog() named a taker (the sidecar's feeder, on this thread).
+        # Who takes the log past how many entries (on_backlog), and whether a debugging
+        # window lies ahead, so the log is handed over before one of its steps is logged.
+        if debug is not None:
+            debug.moved = self._decide_deferral
+        self._taker: Any = self.settle
+        self._take_limit = MAX_LOG
+        self.window_ahead = False
         self._log_limit = MAX_LOG
         self._on_full: Any = self.settle
+        self._decide_deferral()
+        self._shapes = StepShapes(settings)
+        self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
         # Where drain_blocks() last left this machine idle, when marks_idle is set (the
         # sidecar's replica: the training process lets go of what it sent up to there):
         # (entries taken since, next step index, step stack), or None if it never was.
@@ -98,11 +103,13 @@ class DeferredLog(PhaseMachine):
     @debug.setter
     def debug(self, hooks: DebugHooks | None) -> None:
         # Debugging components act at step boundaries on the training thread (a profiler
-        # starts there, a snapshot window opens there): no deferral while one is on.
+        # starts there, a snapshot window opens there): no deferral near their steps.
         with self._lock:
             self._settle()
             self._debug = hooks
-            self._defer = self._may_defer()
+            if hooks is not None:
+                hooks.moved = self._decide_deferral
+            self._decide_deferral()
 
     @property
     def flop_probe(self) -> Any:
@@ -115,7 +122,7 @@ class DeferredLog(PhaseMachine):
         with self._lock:
             self._settle()
             self._flop_probe = probe
-            self._defer = self._may_defer()
+            self._decide_deferral()
 
     def _device_scalars(self) -> None:
         """A CUDA tensor was recorded (device_timing="off"): its value arrives by an event
@@ -124,20 +131,48 @@ class DeferredLog(PhaseMachine):
         with self._lock:
             self._settle()
             self._scalar_events = True
-            self._defer = self._may_defer()
+            self._decide_deferral()
 
     def note_progress(self, t: int) -> None:
         """Entries or steps up to ``t`` left the log or the queue (progress_ns)."""
         if t > self.progress_floor:
             self.progress_floor = t
 
-    def _may_defer(self) -> bool:
-        return (
+    def _decide_deferral(self) -> None:
+        """Whether hooks log their boundaries (``_defer``) and past how many entries the
+        log is handed on; the lock is held.
+
+        A debugging component acts at the boundaries of its steps on the training thread.
+        A step's index is known only once its entries are applied, but each logged entry
+        begins at most one step: with ``n`` steps applied, the log may hold ``first - n - 1``
+        entries before one of them could begin step ``first``. Past that it is applied
+        here (:meth:`_near_window`), and within ``NEAR_WINDOW`` steps of it, and inside
+        the window, nothing is deferred. Called again whenever entries are applied while
+        a component is on, and when one moves on (its window passed)."""
+        room = INT64_MAX
+        debug = self._debug
+        if debug is not None:
+            first = debug.acts_from()
+            if first is not None:
+                room = first - self._next_index
+        self._defer = (
             not self._want_cuda
-            and self._debug is None
             and self._flop_probe is None
             and not self._scalar_events
+            and room > NEAR_WINDOW
         )
+        self.window_ahead = self._defer and room < INT64_MAX
+        if self.window_ahead and room - 1 < self._take_limit:
+            self._log_limit, self._on_full = room - 1, self._near_window
+        else:
+            self._log_limit, self._on_full = self._take_limit, self._taker
+
+    def _near_window(self) -> None:
+        """The log is as long as it may be before a debugging window: apply it here (the
+        training thread), then hand on what finished as usual."""
+        if len(self._log) > self._log_limit:
+            self.settle()
+        self._taker()
 
     # -- the state, as callers see it --------------------------------------------------
 
@@ -256,9 +291,9 @@ class DeferredLog(PhaseMachine):
         """Call ``take()`` (on the recording thread, with no lock held) once the log holds
         more than ``entries`` entries or ``steps`` finished steps wait: how a feeder in
         this process hands work on without a thread of its own (otel_train/sidecar/)."""
-        self._log_limit = entries
-        self._steps_limit = steps
-        self._on_full = take
+        with self._lock:
+            self._take_limit, self._steps_limit, self._taker = entries, steps, take
+            self._decide_deferral()
 
     def holds_anything(self) -> bool:
         """Whether anything was recorded here that has not been handed on (its log, an
@@ -305,10 +340,12 @@ class DeferredLog(PhaseMachine):
                 for _ in range(count):
                     replay(popleft())
                 if limit >= 0:
-                    return
+                    break
         except Exception:
             log.clear()
             self._fail()
+        if self._debug is not None:
+            self._decide_deferral()
 
     def _replay(self, item: tuple[Any, ...]) -> None:
         """Apply one logged entry: ``(stack, t, kind, ...)``, or ``(None, 0, kind, ...)``
@@ -409,6 +446,8 @@ class DeferredLog(PhaseMachine):
             except Exception:
                 log.clear()
                 self._fail()
+            if self._debug is not None:
+                self._decide_deferral()
         return out
 
     def _is_idle(self) -> bool:

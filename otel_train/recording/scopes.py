@@ -31,6 +31,7 @@ MAX_SCALAR_NAMES = 256
 MAX_ORPHANS = 64  # background phase trees waiting for a step to end
 MAX_LOG = 4096  # deferred boundaries held before the training thread applies them
 SETTLE_SLICE = 64  # boundaries applied per hold of the lock by settle()
+NEAR_WINDOW = 8  # steps before a debugging window from which nothing is deferred
 INT64_MAX = 2**63 - 1
 
 # The settings a recorder reads once, when it is built (machine.py, the carrier gate of

@@ -78,6 +78,7 @@ class RawHandover:
         if (
             self.raw
             or not rec._defer
+            or rec.window_ahead  # (its hooks log, so that the recorder sees it coming)
             or len(rec._log) > ANNOUNCE_SLOTS
             or rec._current is not None
             or rec._pending

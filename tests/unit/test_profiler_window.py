@@ -18,6 +18,7 @@ from otel_helpers import providers
 import otel_train
 from otel_train import contract as c
 from otel_train.debug import memory_snapshot, profiler_window
+from otel_train.recording.scopes import NEAR_WINDOW
 from otel_train.testing import InMemoryTelemetry
 
 DEBUG = Path(profiler_window.__file__).parent
@@ -204,3 +205,32 @@ def test_under_otel_train_only_its_step_spans_carry_the_link(tmp_path: Path) -> 
     (user_span,) = [s for s in tel.spans() if s.name == "user-epoch"]
     assert not profile_events(user_span)
     assert profile_events(step_spans(tel)[1])
+
+
+def test_the_log_is_deferred_until_near_the_window_and_again_after_it(tmp_path: Path) -> None:
+    """Steps are applied on the training thread only near and inside the window (the
+    profiler starts and stops there); far from it the hooks only log, as without it."""
+    tel = InMemoryTelemetry()
+    otel_train.configure(**providers(tel), console="off", trace_steps="all",
+                         profile_steps="40-41", debug_dir=str(tmp_path))  # fmt: skip
+    session = otel_train.session.current()
+    assert session is not None
+    recorder, deferred = session.recorder, {}
+    a = torch.randn(16, 16)
+    for i in range(70):
+        marker = torch.profiler.record_function(f"marker_{i}")
+        with otel_train.step(samples=4), otel_train.phase("work"), marker:
+            deferred[i] = recorder._defer
+            (a @ a).sum()
+    otel_train.shutdown()
+
+    # Far from the window the hooks log (after the first steps, counted for FLOPs).
+    assert all(deferred[i] for i in range(5, 20))
+    assert not any(deferred[i] for i in range(40 - NEAR_WINDOW // 2, 42))  # applied here
+    assert all(deferred[i] for i in range(42, 70))  # the window passed: logged again
+    (trace_file,) = tmp_path.iterdir()
+    names = {e.get("name") for e in json.loads(trace_file.read_text())["traceEvents"]}
+    assert {f"marker_{i}" for i in range(70)} & names == {"marker_40", "marker_41"}
+    spans = step_spans(tel)
+    assert sorted(spans) == list(range(70))
+    assert [i for i, s in spans.items() if profile_events(s)] == [40, 41]
