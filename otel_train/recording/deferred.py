@@ -48,9 +48,12 @@ if TYPE_CHECKING:
 class Unapplied(Protocol):
     """Whoever takes entries off the log to send them on unapplied (the sidecar's raw
     hand-over, sidecar/raw.py): while ``raw`` is true this recorder's state lags those
-    entries, and ``leave_raw()`` (the lock held) applies them here first."""
+    entries, and ``leave_raw()`` (the lock held) applies them here first. A session
+    ends (the ring's writer reports, :meth:`Recorder.ring_due`) at ring position
+    ``ends_at``, before a debugging window's first step could be written."""
 
     raw: bool
+    ends_at: int
 
     def leave_raw(self) -> None: ...
 
@@ -79,7 +82,7 @@ class DeferredLog(PhaseMachine):
             debug.moved = self._decide_deferral
         self._taker: Any = self.settle
         self._take_limit = MAX_LOG
-        self.window_ahead = False
+        self.window_room = INT64_MAX  # steps before a debugging component acts
         self._log_limit = MAX_LOG
         self._on_full: Any = self.settle
         self._decide_deferral()
@@ -161,8 +164,8 @@ class DeferredLog(PhaseMachine):
             and not self._scalar_events
             and room > NEAR_WINDOW
         )
-        self.window_ahead = self._defer and room < INT64_MAX
-        if self.window_ahead and room - 1 < self._take_limit:
+        self.window_room = room
+        if self._defer and room - 1 < self._take_limit:
             self._log_limit, self._on_full = room - 1, self._near_window
         else:
             self._log_limit, self._on_full = self._take_limit, self._taker

@@ -213,7 +213,11 @@ class Recorder(TraceEntries):
             Recorder.transition(self, b)
 
     def ring_due(self) -> None:
-        """The ring's writer passed the position it was told to report: hand on now."""
+        """The ring's writer passed the position it was told to report: hand on now;
+        at the end a debugging window ahead set for the session, apply it here first."""
+        handover, ring = self.handover, self._ring
+        if handover is not None and ring is not None and ring.writer.pos >= handover.ends_at:
+            self.settle()  # (leaves the session: the window's steps are applied here)
         self._on_full()
 
     # -- collectives (collectives.py): phases of their own, and what is in flight -------

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..recording.recorder import Recorder
 from ..recording.ring import Ring, decode, read_ack
+from ..recording.scopes import INT64_MAX, NEAR_WINDOW
 from . import wire
 
 ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-over
@@ -42,6 +43,10 @@ CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
 # that flushes every few hundred steps stays raw between its flushes).
 FIRST_WAIT, MAX_WAIT = 8, 4096
 SETTLED_SLOTS = 1 << 10
+# A session needs this many steps before a debugging window's first (its boundaries are
+# applied on the training thread): one slot begins at most one step, so it ends that
+# many slots short of the window's first step less NEAR_WINDOW (recorder.ring_due).
+RAW_ROOM = 1 << 10
 
 
 class RawHandover:
@@ -67,6 +72,7 @@ class RawHandover:
         self._wait = 0  # try_enter calls to let pass before the next session
         self._backoff = FIRST_WAIT
         self._began = 0  # ring position the session began at
+        self.ends_at = INT64_MAX  # ring position the session ends at (a window ahead)
 
     def try_enter(self) -> None:
         """Start a raw session if the recorder is idle with nothing waiting (lock held)."""
@@ -78,7 +84,7 @@ class RawHandover:
         if (
             self.raw
             or not rec._defer
-            or rec.window_ahead  # (its hooks log, so that the recorder sees it coming)
+            or rec.window_room <= RAW_ROOM  # (a debugging window near: the log's bound)
             or len(rec._log) > ANNOUNCE_SLOTS
             or rec._current is not None
             or rec._pending
@@ -93,7 +99,9 @@ class RawHandover:
         self.session += 1
         ring, writer = self.ring, self.ring.writer
         writer.acked = self._acked = self._told = self._began = writer.pos
-        writer.due = (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS
+        room = rec.window_room
+        self.ends_at = writer.pos + room - NEAR_WINDOW if room < INT64_MAX else INT64_MAX
+        writer.due = min(self.ends_at, (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS)
         writer.open = 1
         rec._ring = ring
         log = rec._log  # (a partial step's entries, kept for the next pump: slots first)
@@ -130,7 +138,7 @@ class RawHandover:
             if not self.has_news():
                 return None
         else:
-            writer.due = writer.pos + ANNOUNCE_SLOTS
+            writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS)
         return self._announce()
 
     def has_news(self) -> bool:

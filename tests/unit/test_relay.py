@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 import torch
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
@@ -24,6 +25,8 @@ from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
 import otel_train
 from otel_train import contract as c
 from otel_train.recording.scopes import NEAR_WINDOW
+from otel_train.sidecar.raw import RAW_ROOM
+from otel_train.sidecar.relay_in import MAX_WAITING
 from otel_train.testing import InMemoryTelemetry
 
 
@@ -165,33 +168,40 @@ def test_a_profiled_run_keeps_the_sidecar_and_its_steps_link_the_trace(tmp_path:
     assert not [e for i, s in steps.items() if i not in (2, 3) for e in s.events]
 
 
-def test_a_profiled_loop_hands_its_log_over_until_the_window(tmp_path: Any) -> None:
+@pytest.mark.parametrize("first", [45, RAW_ROOM + 300])
+def test_a_profiled_loop_hands_its_log_over_until_the_window(tmp_path: Any, first: int) -> None:
     """An instrumented loop's hooks log (the sidecar takes the log) far from the window,
-    and the steps inside it are profiled, exactly those: one marker per step."""
+    through the shared-memory ring (a raw session) when it is farther than RAW_ROOM, and
+    the steps inside it are profiled, exactly those: one marker per step."""
     app = AppProviders()
     model, opt = tiny_model()
-    loader = tiny_loader(n=8 * 60)
+    n = first + 15
+    loader = tiny_loader(n=8 * n)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
-                          trace_steps="all", profile_steps="45-46", debug_dir=str(tmp_path),
-                          **app.given())  # fmt: skip
+                          trace_steps="all", profile_steps=f"{first}-{first + 1}",
+                          debug_dir=str(tmp_path), **app.given())  # fmt: skip
     session = otel_train.session.current()
-    deferred = []
+    assert session is not None and session.feeder is not None
+    handover, deferred, raw = session.feeder.handover, [], []
     for i, (x, y) in enumerate(loader):
         with torch.profiler.record_function(f"marker_{i}"):
             deferred.append(session.recorder._defer)
+            raw.append(handover.raw)
             loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert otel_train.flush(timeout=15)
-    assert session.feeder is not None and session.worker is None
+    assert session.worker is None
     steps = {s.attributes[c.STEP_INDEX.key]: s for s in app.spans.get_finished_spans()
              if s.name == c.STEP_SPAN.name}  # fmt: skip
     otel_train.shutdown()
-    assert all(deferred[5:30]) and all(deferred[48:])  # (the first steps count FLOPs)
-    assert not any(deferred[45 - NEAR_WINDOW // 2 : 47])
+    assert all(deferred[5:30]) and all(deferred[first + 3 :])  # (the first steps count FLOPs)
+    assert not any(deferred[first - NEAR_WINDOW // 2 : first + 2])
+    assert any(raw[:first]) == (first > RAW_ROOM) and not any(raw[first - NEAR_WINDOW : first + 2])
     (trace_file,) = tmp_path.iterdir()
     names = {e.get("name") for e in json.loads(trace_file.read_text())["traceEvents"]}
-    assert {f"marker_{i}" for i in range(60)} & names == {"marker_45", "marker_46"}
-    assert sorted(steps) == list(range(60))
-    assert [i for i, s in sorted(steps.items()) if s.events] == [45, 46]
+    assert {f"marker_{i}" for i in range(n)} & names == {f"marker_{first}", f"marker_{first + 1}"}
+    # (past MAX_WAITING steps waiting for the application's SDK the oldest are dropped)
+    assert sorted(steps) == list(range(n)) if n <= MAX_WAITING else {first, first + 1} <= set(steps)
+    assert [i for i, s in sorted(steps.items()) if s.events] == [first, first + 1]
