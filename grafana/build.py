@@ -263,7 +263,7 @@ def efficiency_panels(y: int) -> list[dict[str, Any]]:
             ],
             "flops",
             (12, y, 12, 8),
-            description="Step FLOPs (counted once per batch shape, given or estimated) over "
+            description="Step FLOPs (counted once per batch size, given or estimated) over "
             "step time.",
         ),
         panel(

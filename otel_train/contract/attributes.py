@@ -55,7 +55,7 @@ STEP_FLOPS_SOURCE = AttributeSpec(
     "string",
     "",
     "Where the step's FLOPs come from: counted (FlopCounterMode over a step of this batch "
-    "shape), scaled (from the nearest counted shape, linear in tokens or samples), given "
+    "size), scaled (from the nearest counted size, linear in tokens or samples), given "
     "(flops_per_step setting) or estimate (6 x trainable parameters x tokens).",
 )
 STEP_FLOPS_COUNTED = AttributeSpec(

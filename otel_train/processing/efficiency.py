@@ -4,10 +4,10 @@ Runs on the worker thread, once per resolved step, under the aggregator's lock.
 
 - FLOPs per step come from ``flops_per_step`` (given), ``flops="estimate"``
   (6 x trainable parameters x tokens, the decoder-only transformer rule, stated as an
-  estimate), or a count (:mod:`.flops`) per batch shape (samples, tokens). A step whose
-  shape has not been counted yet is scaled from the nearest counted shape and
-  labelled ``scaled``; when it differs from that shape by more than 10% the tracker
-  arms the probe to count it on a later step (at most ``MAX_COUNTED_SHAPES`` shapes
+  estimate), or a count (:mod:`.flops`) per batch size (samples, tokens). A step whose
+  size has not been counted yet is scaled from the nearest counted size and
+  labelled ``scaled``; when it differs from that size by more than 10% the tracker
+  arms the probe to count it on a later step (at most ``MAX_COUNTED_SIZES`` sizes
   and ``flops.MAX_COUNTED_STEPS`` counted steps per run, then scaling only).
 - Achieved FLOP/s = FLOPs / step seconds (device time when CUDA events measured it,
   host time otherwise); MFU = achieved / the device's dense peak for the dtype the
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
 # imported where the training process uses it, and the sidecar never imports torch.
 
 _log = logging.getLogger("otel_train")
-MAX_COUNTED_SHAPES = 8
-RECOUNT_CHANGE = 0.1  # a shape within 10% (tokens, else samples) of a counted one is scaled
-MAX_RECOUNT_REQUESTS = 2  # times a new shape arms the probe before it is only scaled
-# A new shape is counted only while counted steps took at most this share of the step
+MAX_COUNTED_SIZES = 8
+RECOUNT_CHANGE = 0.1  # a size within 10% (tokens, else samples) of a counted one is scaled
+MAX_RECOUNT_REQUESTS = 2  # times a new size arms the probe before it is only scaled
+# A new size is counted only while counted steps took at most this share of the step
 # time seen so far (the first count always runs): a short run is not made of counts.
 COUNT_BUDGET = 0.05
 COST_BASELINE_STEPS = 5  # steps after the count whose median is the counted step's baseline
@@ -127,12 +127,12 @@ class EfficiencyTracker:
         self._recorder = recorder
         self._graphs_at_start = _dynamo_graphs()
         self._counted: dict[FlopKey, float] = {}
-        self.count_results: list[CountResult] = []  # one per shape, for the summary
+        self.count_results: list[CountResult] = []  # one per batch size, for the summary
         self._counted_steps: set[int] = set()
         self._requests: dict[FlopKey, int] = {}
         self.count_seconds = 0.0  # every counted step's wall time, recounts included
         self.counted_total = 0  # counted steps
-        self.scaled_steps = 0  # steps whose FLOPs were scaled from a counted shape
+        self.scaled_steps = 0  # steps whose FLOPs were scaled from a counted size
         self._cost_pending: CountResult | None = None
         self._after_count: list[float] = []
         self.count_cost: float | None = None
@@ -235,7 +235,7 @@ class EfficiencyTracker:
         k = block.k
         if self._given is not None:
             return [self._given] * k, ["given"] * k, [False] * k
-        # FLOPs follow the shape computed on: the padded tokens where an adapter counted them.
+        # FLOPs follow the size computed on: the padded tokens where an adapter counted them.
         padded, tokens = block.padded, block.tokens
         if padded != tokens:
             tokens = [t if p is None else p for p, t in zip(padded, tokens, strict=True)]
@@ -246,7 +246,7 @@ class EfficiencyTracker:
             return [None] * k, [""] * k, [False] * k
         samples, first = block.samples, block.first
         if samples.count(samples[0]) == k and tokens.count(tokens[0]) == k:
-            # One batch shape (the usual block): one lookup, the counted step by index.
+            # One batch size (the usual block): one lookup, the counted step by index.
             value, source, _ = self._flops_of(samples[0], tokens[0], first)
             if source == "scaled":
                 self.scaled_steps += k
@@ -337,7 +337,7 @@ class EfficiencyTracker:
             if len(self._counted_steps) > 64:
                 self._counted_steps.remove(min(self._counted_steps))
             if key in self._counted:
-                continue  # a recount that met an already-counted shape
+                continue  # a recount that met an already-counted size
             self._counted[key] = float(r.flops)
             self.count_results.append(r)
             if r.dtype and not self._dtype:
@@ -348,7 +348,7 @@ class EfficiencyTracker:
     def _flops_of(
         self, samples: int | None, tokens: int | None, index: int
     ) -> tuple[float | None, str, bool]:
-        """FLOPs of a step of ``samples`` and ``tokens`` (padded: the shape computed on)."""
+        """FLOPs of a step of ``samples`` and ``tokens`` (padded: the size computed on)."""
         if self._given is not None:
             return self._given, "given", False
         if self._estimate:
@@ -370,11 +370,11 @@ class EfficiencyTracker:
             and requests < MAX_RECOUNT_REQUESTS
             and not probe.armed
             and not probe.failed
-            and len(self._counted) < MAX_COUNTED_SHAPES
+            and len(self._counted) < MAX_COUNTED_SIZES
             and self.count_seconds <= COUNT_BUDGET * self.step_total
         ):
             self._requests[key] = requests + 1
-            probe.arm(0)  # count this new shape on the next step that begins
+            probe.arm(0)  # count this new size on the next step that begins
         return flops, source, False
 
     def _estimated(self, tokens: int | None) -> float | None:
@@ -387,7 +387,7 @@ class EfficiencyTracker:
         return 6.0 * self._params * tokens if self._params else None
 
     def _scaled(self, key: FlopKey) -> tuple[float | None, str, float]:
-        """FLOPs of an uncounted shape, linear in tokens (else samples) from the nearest
+        """FLOPs of an uncounted size, linear in tokens (else samples) from the nearest
         counted one, and the relative change from it (inf when nothing compares)."""
         samples, tokens = key
         for pos, value in ((1, tokens), (0, samples)):

@@ -9,7 +9,7 @@ from typing import Any
 from .. import contract as c
 from ..recording.flop_counts import MIXED
 from .blocks import StepEfficiency
-from .efficiency import MAX_COUNTED_SHAPES, EfficiencyTracker
+from .efficiency import MAX_COUNTED_SIZES, EfficiencyTracker
 
 
 def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:
@@ -33,8 +33,8 @@ NOTHING_COUNTED = (
 )
 
 
-def _of(shape: str) -> str:
-    return f" ({shape})" if shape else ""
+def _of(size: str) -> str:
+    return f" ({size})" if size else ""
 
 
 def _no_peak_reason(dtype: str) -> str:
@@ -67,19 +67,19 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         else:
             text += f", MFU - ({_no_peak_reason(tracker.peak_dtype_seen)})"
         lines.append(text)
-    for r in tracker.count_results[:MAX_COUNTED_SHAPES]:
+    for r in tracker.count_results[:MAX_COUNTED_SIZES]:
         padded = r.padded if r.padded != r.tokens else None
-        shape = ", ".join(
+        size = ", ".join(
             f"{v:,} {k}"
             for k, v in (("samples", r.samples), ("tokens", r.tokens), ("padded tokens", padded))
             if v is not None
         )
         if not r.flops:
-            lines.append(f"  FLOPs counted at step {r.index}: none the counter can see{_of(shape)}"
+            lines.append(f"  FLOPs counted at step {r.index}: none the counter can see{_of(size)}"
                          f"; {NOTHING_COUNTED}")  # fmt: skip
             continue
         text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
-        text += f" ({shape})" if shape else ""
+        text += _of(size)
         text += f", matmuls in {r.dtype}" if r.dtype else ""
         text += f"; counting step took {fmt_seconds(r.seconds)}"
         typical = tracker.count_typical
@@ -94,7 +94,7 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         lines.append(
             f"  FLOP counting: {tracker.counted_total} counted steps took "
             f"{fmt_seconds(tracker.count_seconds)} in all; {tracker.scaled_steps:,} steps of "
-            "other batch shapes scaled from the nearest counted one (linear in padded tokens)"
+            "other batch sizes scaled from the nearest counted one (linear in padded tokens)"
         )
     if tracker.step_total > 0:
         lines.append(f"  data stall {100.0 * tracker.data_total / tracker.step_total:.1f}% "

@@ -5,7 +5,7 @@ Counting runs one whole step (data, forward, backward, optimizer) under
 dispatches, forward and backward alike, and adds up the matmul, convolution and
 attention FLOPs (the convention MFU uses: elementwise work is not counted). That
 step is slow, several times its normal duration, because every operator goes
-through Python; it is counted once per batch shape and its cost is reported in the
+through Python; it is counted once per batch size and its cost is reported in the
 run summary. Between counts the recorder holds
 ``flop_probe = None``, so a step pays one attribute test and nothing else.
 
@@ -49,8 +49,8 @@ _MATMUL_NAMES = frozenset({
 })  # fmt: skip
 
 
-MAX_MISSES = 2  # counted steps of an already-counted shape before a recount gives up
-MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the shapes do
+MAX_MISSES = 2  # counted steps of an already-counted size before a recount gives up
+MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the sizes do
 
 
 class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode base is untyped
@@ -200,8 +200,8 @@ class FlopProbe:
                                  padded=step.padded, flops=flops, dtype=dtype,
                                  seconds=seconds)  # fmt: skip
             self.results.append(result)
-            # The shape is known only once the step has run: when this one was counted
-            # already, stay armed for a few more steps to catch the shape asked for.
+            # The size is known only once the step has run: when this one was counted
+            # already, stay armed for a few more steps to catch the size asked for.
             key = result.key
             if (
                 key in self._seen

@@ -83,7 +83,7 @@ class HangWatch:
         self.age = 0.0
         self.limit = AUTO_FIRST_STEP_S
         self.waiting = False
-        self.records = 0  # hang records sent (a figure for tests and the summary)
+        self.sent = 0  # hang logs sent (a figure for tests and the summary)
         # The watch's start counts as progress: a process stuck (or frozen) before its
         # first boundary, or before the word of one reached here, is a hang too.
         self.start_ns = time.perf_counter_ns()
@@ -138,7 +138,7 @@ class HangWatch:
         st.asked = 0.0
         st.count += 1
         st.due *= 2
-        self.records += 1
+        self.sent += 1
         attrs = {c.HANG_SECONDS.key: self.age, c.HANG_AFTER.key: self.limit}
         attrs.update((k, v) for k, v in details.items() if v is not None and k not in _IDS)
         self._emit(c.HANG_EVENT, SeverityNumber.WARN, attrs, details)
@@ -158,7 +158,7 @@ class HangWatch:
         if logger is None:
             return
         try:
-            logger.emit(event_record(event, severity, attrs, ids))
+            logger.emit(event_log(event, severity, attrs, ids))
         except Exception:
             self._logger = None
             _log.exception("otel-train: sending a hang record failed; hang records are off")
@@ -167,7 +167,7 @@ class HangWatch:
 _IDS = ("trace_id", "span_id")
 
 
-def event_record(
+def event_log(
     event: str, severity: SeverityNumber, attrs: dict[str, Any], ids: dict[str, Any]
 ) -> LogRecord:
     """A log record of one of the contract's log events (contract.LOG_EVENTS), in the

@@ -278,7 +278,7 @@ class Settings:
         metadata={
             "parse": v.choice("count", "estimate", "off"),
             "doc": "FLOPs per step for MFU: count (FlopCounterMode over one step per batch "
-            "shape; that step runs slower), estimate (6 x trainable parameters x tokens, "
+            "size; that step runs slower), estimate (6 x trainable parameters x tokens, "
             "decoder-only transformers), off.",
         },
     )

@@ -362,7 +362,7 @@ class Feeder:
                     self.console.write(message[1])
             if self.relay is not None:  # (what it sent back before it ended)
                 self.relay.drain(deadline)
-                self.relay.stop()
+                self.relay.close()
             with self.source.recorder._lock:
                 self.handover.leave_raw()  # (left at the final pump already, as a rule)
                 self.ring.close()

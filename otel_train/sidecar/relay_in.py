@@ -30,6 +30,7 @@ Usage (what the feeder does)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -47,7 +48,7 @@ from ..export.ids import id_choice
 from ..export.logs import logger_for
 from ..export.setup import flush_providers
 from ..processing.aggregate import Attrs, HistogramState, MetricsAggregator
-from ..processing.hangs import event_record
+from ..processing.hangs import event_log
 from ..processing.spans import Pieces, SpanEmitter
 from . import wire
 from .relay import LOG, METRICS, STEPS, spans_of
@@ -145,6 +146,24 @@ class RelayIn:
         """The thread ends (within IDLE_WAIT_S); what is left stays unhanded."""
         self._stop.set()
 
+    def close(self) -> None:
+        """stop(), and the pipe's end closed once the thread ended (a select in progress
+        holds the pipe open): the sidecar's writes fail from now on."""
+        self.stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join(2 * IDLE_WAIT_S)
+        with self._lock:
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        """(The lock held.) Nothing more is read; a sidecar still writing gets EPIPE,
+        drops what it sends (counted there) and stops waiting for the pipe to take it."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+            self._eof = True
+
     def _serve(self) -> None:
         """The relay's thread: a piece, a gap, and so on; the pipe waited on when idle."""
         while not self._stop.is_set() and not self.failed:
@@ -152,10 +171,14 @@ class RelayIn:
                 worked = self._guarded()
             if worked:
                 time.sleep(PIECE_GAP_S)
-            elif self._eof:
+            elif self._eof or self.failed:
                 return
-            elif not self.failed:
-                select.select([self._fd], [], [], IDLE_WAIT_S)
+            else:
+                fd = self._fd  # (close() may close it meanwhile: then the loop ends)
+                try:
+                    select.select([fd], [], [], IDLE_WAIT_S)
+                except (OSError, ValueError):
+                    return
 
     def _guarded(self) -> bool:
         """One piece (``_piece``); an error in it is logged once and ends the relay (what
@@ -167,6 +190,7 @@ class RelayIn:
         except Exception:
             self.failed = True
             _log.exception("otel-train: handing telemetry to the providers failed; it is off")
+            self._close_pipe()
             return False
 
     def _piece(self) -> bool:
@@ -202,7 +226,7 @@ class RelayIn:
         except OSError:
             data = b""
         if not data:
-            self._eof = True
+            self._close_pipe()  # (the sidecar closed its end)
             return False
         self._frames.append(data)
         return True
@@ -214,7 +238,7 @@ class RelayIn:
         elif kind == LOG:
             _, event, severity, attrs, ids = message
             if self._logger is not None:
-                self._logger.emit(event_record(event, SeverityNumber(severity), attrs, ids))
+                self._logger.emit(event_log(event, SeverityNumber(severity), attrs, ids))
         else:
             for item in message[1]:
                 if len(self._waiting) >= MAX_WAITING:

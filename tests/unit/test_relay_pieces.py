@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -169,3 +170,32 @@ def test_what_the_applications_sdk_raises_is_logged_once_and_never_reaches_train
         otel_train.shutdown()
     failures = [r for r in caplog.records if "handing telemetry to the providers" in r.message]
     assert len(failures) == 1
+
+
+def test_a_failed_relay_closes_its_pipe_so_the_sidecar_stops_writing() -> None:
+    """After the application's SDK failed nothing reads the pipe: its end is closed, so
+    the sidecar's writes fail at once (EPIPE: it drops and counts them) rather than
+    filling the pipe and waiting on it until a flush's deadline."""
+    provider = TracerProvider()
+    provider.add_span_processor(Raising())
+    r, w = os.pipe()
+    os.write(w, wire.FrameWriter().frame((relay.STEPS, [_step(0)])))
+    rin = relay_in.RelayIn(r, (provider, None, None), 0, 0, "test")
+    out = relay.RelayOut(w)
+    deadline = time.monotonic() + 10
+    while not out.gone and time.monotonic() < deadline:
+        out.send((relay.STEPS, [_step(1)]))
+        time.sleep(0.01)
+    assert rin.failed and out.gone
+    assert not out.send((relay.STEPS, [_step(2)]))
+
+
+def test_closing_the_relay_closes_its_pipe() -> None:
+    r, w = os.pipe()
+    rin = relay_in.RelayIn(r, (None, None, None), 0, 0, "test")
+    rin.close()
+    with pytest.raises(OSError):
+        os.fstat(r)
+    with pytest.raises(BrokenPipeError):
+        os.write(w, b"x")
+    os.close(w)
