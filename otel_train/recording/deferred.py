@@ -408,50 +408,56 @@ class DeferredLog(PhaseMachine):
             # Entries the training thread appends meanwhile wait for the next call. (Those
             # taken here are applied before the lock is released: current_step waits.)
             entries = list(islice(iter(log.popleft, None), len(log)))
-            n = len(entries)
             self.note_progress(newest_time(entries))
-            kinds: list[Any] = []
-            stacks: list[Any] = []
-            shapes = self._shapes
-            marks, self.idle_mark = self.marks_idle, None
-            i = 0
             try:
-                while i < n:
-                    if marks and self._is_idle():
-                        self.idle_mark = (i, self._next_index, self.step_stack)
-                    item = entries[i]
-                    if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
-                        stack = item[L_STACK]
-                        if (
-                            self._current is None
-                            and not stack
-                            and self.enabled
-                            and not self._orphans  # (they join the next step replayed)
-                        ):
-                            if not kinds:
-                                kinds = list(map(KIND, entries))
-                                stacks = list(map(STACK, entries))
-                            if keep_partial and shapes.partial_at(kinds, stacks, i):
-                                log.extendleft(reversed(entries[i:]))
-                                n = i  # (the rest waits in the log)
-                                break
-                            k, tpl = shapes.block_at(entries, kinds, stacks, i)
-                            if k:
-                                assert tpl is not None
-                                i += self._take_block(entries, i, k, tpl, stack, out)
-                                continue
-                    self._replay(item)
-                    i += 1
-                if marks and self._is_idle():
-                    self.idle_mark = (n, self._next_index, self.step_stack)
-                if self.idle_mark is not None:  # (as entries applied after that point)
-                    self.idle_mark = (n - self.idle_mark[0], *self.idle_mark[1:])
+                self._drain_entries(entries, keep_partial, out)
             except Exception:
                 log.clear()
                 self._fail()
             if self._debug is not None:
                 self._decide_deferral()
         return out
+
+    def _drain_entries(
+        self, entries: list[tuple[Any, ...]], keep_partial: bool, out: list[tuple[list[Step], Run]]
+    ) -> None:
+        """drain_blocks' part with the lock held: ``entries`` applied, runs taken whole."""
+        n = len(entries)
+        kinds: list[Any] = []
+        stacks: list[Any] = []
+        shapes = self._shapes
+        marks, self.idle_mark = self.marks_idle, None
+        i = 0
+        while i < n:
+            if marks and self._is_idle():
+                self.idle_mark = (i, self._next_index, self.step_stack)
+            item = entries[i]
+            if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
+                stack = item[L_STACK]
+                if (
+                    self._current is None
+                    and not stack
+                    and self.enabled
+                    and not self._orphans  # (they join the next step replayed)
+                ):
+                    if not kinds:
+                        kinds = list(map(KIND, entries))
+                        stacks = list(map(STACK, entries))
+                    if keep_partial and shapes.partial_at(kinds, stacks, i):
+                        self._log.extendleft(reversed(entries[i:]))
+                        n = i  # (the rest waits in the log)
+                        break
+                    k, tpl = shapes.block_at(entries, kinds, stacks, i)
+                    if k:
+                        assert tpl is not None
+                        i += self._take_block(entries, i, k, tpl, stack, out)
+                        continue
+            self._replay(item)
+            i += 1
+        if marks and self._is_idle():
+            self.idle_mark = (n, self._next_index, self.step_stack)
+        if self.idle_mark is not None:  # (as entries applied after that point)
+            self.idle_mark = (n - self.idle_mark[0], *self.idle_mark[1:])
 
     def _is_idle(self) -> bool:
         """No step, phase or background tree open, none waiting to join a step."""

@@ -331,7 +331,6 @@ def decode(
         return NATIVE_DECODE(  # type: ignore[no-any-return]
             view, capacity, start, end, boundaries, counted, names, stack_for, sides
         )
-    n_boundaries, n_names = len(boundaries), len(names)
     out: list[tuple[Any, ...]] = []
     append = out.append
     stacks: dict[int, Any] = {}
@@ -357,27 +356,36 @@ def decode(
                     stack = stacks[token] = stack_for(token)
                 elif not token:
                     stack = None
-            if kind >= FIRST_CODE:
-                i = kind - FIRST_CODE
-                if i >= n_boundaries:
-                    return out, pos
-                if counted[i]:
-                    append((stack, t, boundaries[i], None if a == NONE else a,
-                            None if b == NONE else b, None if c == NONE else c))  # fmt: skip
-                else:
-                    append((stack, t, boundaries[i]))
-            elif kind in (ENTER, EXIT):
-                if name >= n_names:
-                    return out, pos
-                if kind == ENTER:
-                    append((stack, t, ENTER, names[name]))
-                else:
-                    append((stack, t, EXIT, names[name], None))
-            elif kind == STEP_BEGIN:
-                append((stack, t, STEP_BEGIN, _count(a), _count(b)))
-            elif kind == STEP_END:
-                append((stack, t, STEP_END))
-            else:  # COUNTS
-                append((None, 0, COUNTS, _count(a), _count(b), _count(c)))
+            entry = _slot_entry(kind, name, t, stack, a, b, c, tables, counted)
+            if entry is None:
+                return out, pos
+            append(entry)
             pos += 1
     return out, end
+
+
+def _slot_entry(
+    kind: int, name: int, t: int, stack: Any, a: int, b: int, c: int, tables: Any,
+    counted: list[bool],
+) -> tuple[Any, ...] | None:  # fmt: skip
+    """The log entry of one slot that is not a side entry (decode's reference); None when
+    its code or name is not known yet."""
+    if kind >= FIRST_CODE:
+        i = kind - FIRST_CODE
+        if i >= len(tables.boundaries):
+            return None
+        if counted[i]:
+            return (stack, t, tables.boundaries[i], None if a == NONE else a,
+                    None if b == NONE else b, None if c == NONE else c)  # fmt: skip
+        return (stack, t, tables.boundaries[i])
+    if kind in (ENTER, EXIT):
+        if name >= len(tables.names):
+            return None
+        if kind == ENTER:
+            return (stack, t, ENTER, tables.names[name])
+        return (stack, t, EXIT, tables.names[name], None)
+    if kind == STEP_BEGIN:
+        return (stack, t, STEP_BEGIN, _count(a), _count(b))
+    if kind == STEP_END:
+        return (stack, t, STEP_END)
+    return (None, 0, COUNTS, _count(a), _count(b), _count(c))  # COUNTS

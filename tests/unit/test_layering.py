@@ -381,3 +381,22 @@ def test_adapters_import_the_shared_core_not_each_other() -> None:
         "an adapter imports another adapter; shared machinery belongs in adapters/base.py, "
         "backward.py, batches.py, collectives.py or ddp.py:\n" + "\n".join(wrong)
     )
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_module_over_500_lines_and_no_function_over_60() -> None:
+    """The sizes issue 24 set: a module a maintainer can read, a function that fits."""
+    over = []
+    for path in files(""):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            over.append(f"{path.relative_to(PKG)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    over.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name}: {length}")
+    assert not over, over
