@@ -128,7 +128,7 @@ class RawHandover:
         the side entries and codes, and in message mode how far the ring is written (a
         shared ring's header says that itself: ``shared``); None when nothing is new."""
         rec = self.rec
-        if rec._log:  # (a call in flight when the session began logged the old way)
+        if rec._log and not self._log_into_ring():
             self.leave_raw()
             return None
         writer = self.ring.writer
@@ -141,11 +141,25 @@ class RawHandover:
             writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS)
         return self._announce()
 
+    def _log_into_ring(self) -> bool:
+        """Entries another thread logged the old way as the session opened (its call read
+        "no ring" just before): into the ring, after what was written since, for the
+        sidecar to apply. False if the ring refused one: the session ends, and
+        leave_raw() applies what is left of the log here first."""
+        log, ring = self.rec._log, self.ring
+        while log:
+            if not ring.put_entry(log[0]):
+                return False
+            log.popleft()
+        return True
+
     def has_news(self) -> bool:
-        """Whether side entries or codes wait to be told (a shared ring's pumps)."""
+        """Whether side entries or codes wait to be told, or old-way entries to be put in
+        the ring (a shared ring's pumps)."""
         t, (b, n, s), sides = self.ring.tables, self._sent, self.ring.sides
         return (
-            len(t.boundaries) > b
+            bool(self.rec._log)
+            or len(t.boundaries) > b
             or len(t.names) > n
             or len(t.stacks) > s
             or bool(sides and next(reversed(sides)) >= self._told)

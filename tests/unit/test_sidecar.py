@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from scratch import job_env
 import otel_train
 from otel_train import contract as c
 from otel_train import session as session_mod
+from otel_train.recording.layouts import ENTER, EXIT
+from otel_train.sidecar import feeder as feeder_mod
 
 
 def scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -348,3 +351,38 @@ def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted
     kept = [part.step(i).index for part in batch.parts for i in range(part.k)]
     assert kept == list(range(400, 500))  # the newest 100
     assert batch.counters.dropped_handover == 3 + 400  # the feeder's and the backlog's
+
+
+def test_an_entry_logged_the_old_way_as_a_raw_session_opens_reaches_the_sidecar(
+    own_sdk: None,
+) -> None:
+    """Another thread's call that read "no ring" just before a raw session opened appends
+    its entries to the log after the session took it: they go into the ring at the next
+    pump, so the sidecar applies them, and the session goes on. (They were applied here
+    only, at a catch-up that ended the session, and a step the sidecar had finished
+    without them lost them.)"""
+    sess, model, opt, loader = _started()
+    handover, rec = sess.feeder.handover, sess.recorder
+    deadline = time.monotonic() + 10
+    trained = 0
+    while not handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader)
+        trained += len(loader)
+    assert handover.raw, "a plain loop's log went out raw"
+    left = handover.left
+
+    def stray() -> None:  # what the race leaves: this thread's phase in the old log
+        stack, t = rec._tls_stack(), time.perf_counter_ns()
+        rec._log.extend([(stack, t, ENTER, "stray"), (stack, t + 1000, EXIT, "stray", None)])
+
+    thread = threading.Thread(target=stray)
+    thread.start()
+    thread.join()
+    time.sleep(4 * feeder_mod.TICK_S * feeder_mod.CONTROL_TICKS)  # (the feeder's pumps)
+    for _ in range(3):
+        train_epoch(model, opt, loader)
+        trained += len(loader)
+    assert handover.raw and handover.left == left  # the session went on
+    assert otel_train.flush(30)
+    count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
+    assert scrape(sess.prometheus_address).get((count, (("phase", "stray"),))) == 1
