@@ -87,6 +87,17 @@ def _started(**settings: Any) -> tuple[Any, Any, Any, Any]:
     return sess, model, opt, loader
 
 
+def _epochs_until_raw(sess: Any, model: Any, opt: Any, loader: Any, **kw: Any) -> int:
+    """Epochs of the plain loop until a raw session opens (the FLOP count's steps run
+    applied here first); asserts that it opened."""
+    epochs, deadline = 0, time.monotonic() + 10
+    while not sess.feeder.handover.raw and time.monotonic() < deadline:
+        train_epoch(model, opt, loader, **kw)
+        epochs += 1
+    assert sess.feeder.handover.raw, "a plain loop's log went out raw"
+    return epochs
+
+
 def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
     """A plain loop's log goes out unapplied (raw); asking for the open step mid-run makes
     the recorder catch up here. Every step is counted once, with every phase."""
@@ -95,11 +106,7 @@ def test_steps_sent_raw_and_caught_up_count_once(own_sdk: None) -> None:
     for _ in range(epochs):
         train_epoch(model, opt, loader)
     handover = sess.feeder.handover
-    deadline = time.monotonic() + 10
-    while not handover.raw and time.monotonic() < deadline:
-        train_epoch(model, opt, loader)  # (the FLOP count's steps run applied here)
-        epochs += 1
-    assert handover.raw, "a plain loop's log went out raw"
+    epochs += _epochs_until_raw(sess, model, opt, loader)
     time.sleep(0.3)  # the sidecar reports an idle point: what was sent before it is let go
     train_epoch(model, opt, loader)
     assert sess.recorder.current_step is None  # between steps, once caught up
@@ -118,13 +125,7 @@ def test_a_fast_loop_run_raw_for_seconds_loses_no_step(own_sdk: None) -> None:
     every half second while the ring's reads held ~500 steps every tenth of one: a 5,000
     steps/s loop lost half its steps to the bound.)"""
     sess, model, opt, loader = _started()
-    handover = sess.feeder.handover
-    deadline = time.monotonic() + 10
-    trained = 0
-    while not handover.raw and time.monotonic() < deadline:
-        train_epoch(model, opt, loader)
-        trained += len(loader)
-    assert handover.raw, "a plain loop's log went out raw"
+    trained = _epochs_until_raw(sess, model, opt, loader) * len(loader)
     t = time.monotonic()
     while time.monotonic() - t < 2.0:  # (no flush, no state asked for: raw throughout)
         train_epoch(model, opt, loader)
@@ -166,12 +167,7 @@ def test_a_catch_up_right_after_an_idle_report_replays_only_what_followed_it(
     or phase counts twice."""
     sess, model, opt, loader = _started()
     handover = sess.feeder.handover
-    epochs = 0
-    deadline = time.monotonic() + 10
-    while not handover.raw and time.monotonic() < deadline:
-        train_epoch(model, opt, loader)
-        epochs += 1
-    assert handover.raw, "a plain loop's log went out raw"
+    epochs = _epochs_until_raw(sess, model, opt, loader)
     for _ in range(6):  # about 600 slots written raw
         train_epoch(model, opt, loader)
         epochs += 1
@@ -216,11 +212,7 @@ def test_the_sidecar_imports_no_torch_and_stays_small(own_sdk: None) -> None:
     sess, model, opt, loader = _started(hang_after=60.0)
     with otel_train.region("evaluation"):
         train_epoch(model, opt, loader, record=True)  # (its steps: the region's time)
-    handover = sess.feeder.handover
-    deadline = time.monotonic() + 10
-    while not handover.raw and time.monotonic() < deadline:
-        train_epoch(model, opt, loader, record=True)  # (the FLOP count's steps run applied)
-    assert handover.raw, "a plain loop's log went out raw"
+    _epochs_until_raw(sess, model, opt, loader, record=True)
     for _ in range(3):
         train_epoch(model, opt, loader, record=True)
     assert sess.efficiency.probe is not None and sess.efficiency.probe.counted_steps >= 1
@@ -363,12 +355,7 @@ def test_an_entry_logged_the_old_way_as_a_raw_session_opens_reaches_the_sidecar(
     without them lost them.)"""
     sess, model, opt, loader = _started()
     handover, rec = sess.feeder.handover, sess.recorder
-    deadline = time.monotonic() + 10
-    trained = 0
-    while not handover.raw and time.monotonic() < deadline:
-        train_epoch(model, opt, loader)
-        trained += len(loader)
-    assert handover.raw, "a plain loop's log went out raw"
+    _epochs_until_raw(sess, model, opt, loader)
     left = handover.left
 
     def stray() -> None:  # what the race leaves: this thread's phase in the old log
@@ -381,7 +368,6 @@ def test_an_entry_logged_the_old_way_as_a_raw_session_opens_reaches_the_sidecar(
     time.sleep(4 * feeder_mod.TICK_S * feeder_mod.CONTROL_TICKS)  # (the feeder's pumps)
     for _ in range(3):
         train_epoch(model, opt, loader)
-        trained += len(loader)
     assert handover.raw and handover.left == left  # the session went on
     assert otel_train.flush(30)
     count = c.prometheus_names(c.PHASE_DURATION, source="scrape")[2]
