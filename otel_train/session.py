@@ -17,19 +17,13 @@ import weakref
 from typing import Any, Protocol
 
 from . import session_end
+from .export.endpoint import bind_metrics_socket
+from .export.exporters import check_exporters, exports_traces
 from .export.logs import application_logger_provider
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
-from .export.setup import (
-    Telemetry,
-    bind_metrics_socket,
-    build_telemetry,
-    builds_own,
-    check_exporters,
-    exports_traces,
-    relayed_providers,
-)
+from .export.setup import Telemetry, build_telemetry, builds_own, relayed_providers
 from .processing.efficiency import EfficiencyTracker
 from .processing.hang_details import LocalHangs, hang_label
 from .processing.source import StepSource

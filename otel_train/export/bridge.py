@@ -6,7 +6,7 @@ aggregator's histograms, with exemplars pointing at sampled step traces, into th
 ``otel_train`` scope of the collected data, in the temporality and the form the reader
 asked for: exponential buckets for a reader whose histogram aggregation is
 ``ExponentialBucketHistogramAggregation`` (otel-train's OTLP reader by default, see
-``setup.py``), explicit buckets otherwise (the ``/metrics`` endpoint, in-memory readers).
+``exporters.py``), explicit buckets otherwise (the ``/metrics`` endpoint, in-memory readers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SDK and exporter setup: the only module that builds providers, exporters and /metrics.
+"""SDK setup: the only module that builds providers; with its siblings ``exporters.py``
+(the OTLP exporters) and ``endpoint.py`` (/metrics), the only place that builds exporters.
 
 Decision order (first match wins):
 
@@ -14,14 +15,13 @@ Histogram forms: the OTLP reader gets the duration histograms as base-2 exponent
 histograms (Prometheus's OTLP receiver stores each as one native-histogram series);
 ``/metrics`` serves classic explicit buckets (``_bucket``/``_sum``/``_count``), the one
 histogram form of the Prometheus text format that prometheus_client writes and that any
-Prometheus scrapes without native-histogram settings (see ``otlp_histogram_aggregation``).
+Prometheus scrapes without native-histogram settings (see
+``exporters.otlp_histogram_aggregation``).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import socket
 import threading
 import time
@@ -31,19 +31,24 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
 
-from ..contract import DURATION_MAX_SCALE, DURATION_MAX_SIZE
-from ..settings import ConfigError, Settings
+from ..settings import Settings
 from .bridge import (
     BridgedInMemoryReader,
     BridgedPeriodicReader,
     BridgedPrometheusReader,
     HistogramBridge,
+)
+from .endpoint import address, bind_metrics_socket, serve_metrics
+from .exporters import (
+    METRIC_ENV,
+    TRACE_ENV,
+    metric_exporter,
+    otlp_histogram_aggregation,
+    otlp_wanted,
+    span_exporter,
 )
 from .logs import application_logger_provider, own_logger_provider
 from .pipeline import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, SpanBatcher
@@ -56,7 +61,6 @@ from .record import (
     record_files,
 )
 from .resource import build_resource, metrics_port
-from .transport import otlp_session
 
 _log = logging.getLogger("otel_train")
 
@@ -64,9 +68,6 @@ _log = logging.getLogger("otel_train")
 _BRIDGES: WeakKeyDictionary[Any, HistogramBridge] = WeakKeyDictionary()
 
 OUTAGE_SHUTDOWN_S = 1.0  # shutdown's flush budget while an export outage is known
-_TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-_METRIC_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-HISTOGRAM_AGGREGATION_ENV = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
 
 
 @dataclass
@@ -225,148 +226,6 @@ def builds_own(tracer_provider: Any | None, meter_provider: Any | None) -> bool:
     return not (_is_sdk_tracer_provider(gtp) or _is_sdk_meter_provider(gmp))
 
 
-def exports_traces(settings: Settings) -> bool:
-    """Whether otel-train's own SDK exports spans over OTLP (an endpoint is configured)."""
-    return _otlp_wanted(settings, _TRACE_ENV)
-
-
-def check_exporters(settings: Settings) -> None:
-    """Raise the ConfigError that building the exporters would raise (the sidecar builds
-    them in its own process: a bad setting must still fail at configure time)."""
-    if settings.otlp_protocol == "grpc" and (
-        _otlp_wanted(settings, _TRACE_ENV) or _otlp_wanted(settings, _METRIC_ENV)
-    ):
-        _import_grpc()
-
-
-def _otlp_wanted(settings: Settings, env_names: tuple[str, ...]) -> bool:
-    return settings.otlp_endpoint is not None or any(os.environ.get(n) for n in env_names)
-
-
-def _span_exporter(settings: Settings) -> SpanExporter:
-    base = settings.otlp_endpoint
-    if settings.otlp_protocol == "grpc":
-        mod = _import_grpc()
-        return (  # type: ignore[no-any-return]
-            mod.trace_exporter.OTLPSpanExporter(endpoint=base)
-            if base
-            else mod.trace_exporter.OTLPSpanExporter()
-        )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    session = otlp_session("TRACES")
-    if base:
-        return OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces", session=session)
-    return OTLPSpanExporter(session=session)
-
-
-def otlp_histogram_aggregation() -> dict[type, Any]:
-    """The OTLP reader's histogram aggregation: base-2 exponential buckets (Prometheus
-    stores them as native histograms, one series each), at the scale the aggregator keeps
-    (``processing/exponential.py``). Only when the standard
-    ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` is set does the SDK's
-    reading of it decide instead (``explicit_bucket_histogram``: classic buckets)."""
-    if os.environ.get(HISTOGRAM_AGGREGATION_ENV):
-        return {}
-    return {
-        SdkHistogram: ExponentialBucketHistogramAggregation(
-            max_size=DURATION_MAX_SIZE, max_scale=DURATION_MAX_SCALE
-        )
-    }
-
-
-def _metric_exporter(settings: Settings) -> Any:
-    base = settings.otlp_endpoint
-    kw: dict[str, Any] = {"preferred_aggregation": otlp_histogram_aggregation()}
-    if settings.otlp_protocol == "grpc":
-        mod = _import_grpc()
-        if base:
-            kw["endpoint"] = base
-        return mod.metric_exporter.OTLPMetricExporter(**kw)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    if base:
-        kw["endpoint"] = base.rstrip("/") + "/v1/metrics"
-    return OTLPMetricExporter(session=otlp_session("METRICS"), **kw)
-
-
-def _import_grpc() -> Any:
-    try:
-        from opentelemetry.exporter.otlp.proto import grpc
-        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter, trace_exporter  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "otel_train setting 'otlp_protocol' is 'grpc' but the gRPC exporter is not "
-            "installed: pip install 'otel-train[grpc]' (accepted values: 'http/protobuf', 'grpc')"
-        ) from None
-    return grpc
-
-
-def start_prometheus_server(
-    registry: Any, host: str, port: int, policy: str = "offset"
-) -> tuple[Any, tuple[str, int]]:
-    sock = bind_metrics_socket(host, port, policy)
-    return serve_metrics(registry, sock), _address(sock)
-
-
-def bind_metrics_socket(host: str, port: int, policy: str = "offset") -> socket.socket:
-    """The listening socket of /metrics (bound where the settings are checked, so that a
-    taken port is a ConfigError at configure time even when the sidecar serves it)."""
-    if port > 65535:
-        raise ConfigError(
-            f"otel_train setting 'prometheus_port': base port plus LOCAL_RANK is {port}, past "
-            "65535; choose a lower prometheus_port or prometheus_ranks='first' "
-            "(accepted: 'offset', 'first', 'all')"
-        )
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, _, _, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(sockaddr)
-            sock.listen(16)
-        except BaseException:
-            sock.close()
-            raise
-    except OSError as err:
-        if err.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"otel_train setting 'prometheus_port': port {port} on {host} is already in "
-                f"use (prometheus_ranks={policy!r}); choose another with prometheus_port= or "
-                "OTEL_TRAIN_PROMETHEUS_PORT (0 picks a free port), set prometheus_ranks to "
-                "'offset' (port + LOCAL_RANK) or 'first' (local rank 0 only) when several "
-                "ranks share a node, or turn /metrics off with prometheus=False"
-            ) from None
-        raise ConfigError(
-            f"otel_train setting 'prometheus_host': cannot serve /metrics on {host}:{port}: {err}"
-        ) from None
-    return sock
-
-
-def _address(sock: socket.socket) -> tuple[str, int]:
-    bound = sock.getsockname()
-    return str(bound[0]), int(bound[1])
-
-
-def serve_metrics(registry: Any, sock: socket.socket) -> Any:
-    """Serve ``registry`` on an already listening socket, from a daemon thread."""
-    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_wsgi_app
-
-    class Server(ThreadingWSGIServer):
-        address_family = sock.family
-
-    server = Server(sock.getsockname()[:2], _SilentHandler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = sock
-    host, port = _address(sock)
-    server.server_name, server.server_port = host, port
-    server.setup_environ()
-    server.set_app(make_wsgi_app(registry))
-    threading.Thread(target=server.serve_forever, name="otel-train-metrics", daemon=True).start()
-    return server
-
-
 def build_own(
     settings: Settings,
     version: str,
@@ -415,7 +274,7 @@ def _serve_prometheus(
         registry = CollectorRegistry(auto_describe=True)
         readers.append(BridgedPrometheusReader(bridge, registry=registry))
         t.prometheus_server = serve_metrics(registry, metrics_socket)
-        t.prometheus_address = _address(metrics_socket)
+        t.prometheus_address = address(metrics_socket)
 
 
 def _otlp_parts(
@@ -427,17 +286,17 @@ def _otlp_parts(
 ) -> None:
     """The OTLP exporters an endpoint asks for, guarded and counted by one health."""
     health = ExportHealth()
-    if _otlp_wanted(settings, _METRIC_ENV):
-        metric_exporter = GuardedMetricExporter(_metric_exporter(settings), health)
-        t.exporters.append(metric_exporter)
+    if otlp_wanted(settings, METRIC_ENV):
+        metrics_out = GuardedMetricExporter(metric_exporter(settings), health)
+        t.exporters.append(metrics_out)
         interval_ms = settings.metric_export_interval * 1000
         readers.append(
-            BridgedPeriodicReader(bridge, metric_exporter, export_interval_millis=interval_ms)
+            BridgedPeriodicReader(bridge, metrics_out, export_interval_millis=interval_ms)
         )
-    if _otlp_wanted(settings, _TRACE_ENV):
-        span_exporter = GuardedSpanExporter(_span_exporter(settings), health)
-        t.exporters.append(span_exporter)
-        processors.append(SpanBatcher(span_exporter, health))
+    if otlp_wanted(settings, TRACE_ENV):
+        spans_out = GuardedSpanExporter(span_exporter(settings), health)
+        t.exporters.append(spans_out)
+        processors.append(SpanBatcher(spans_out, health))
     if t.exporters:
         health.attach()
         t.health = health

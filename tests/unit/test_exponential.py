@@ -18,7 +18,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_train import contract as c
 from otel_train.export.bridge import BridgedInMemoryReader, HistogramBridge
-from otel_train.export.setup import otlp_histogram_aggregation
+from otel_train.export.exporters import otlp_histogram_aggregation
 from otel_train.processing.aggregate import Exemplar, HistogramState, MetricsAggregator
 from otel_train.processing.exponential import MAX_SCALE, MAX_SIZE, ExponentialBuckets
 
