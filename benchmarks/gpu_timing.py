@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import otel_train
+from otel_train import contract as c
 from otel_train import session
 from otel_train.export.setup import in_memory_meter_provider
 
@@ -105,8 +106,10 @@ def main() -> None:
                 while sess.recorder.has_work() and time.monotonic() < deadline:
                     sess.worker.process()
                     time.sleep(0.01)
-                for (nm, clock), h in sess.worker._phase_hist.items():
-                    if h.count:
+                for attrs, h in sess.worker.phases.histograms.items():
+                    labels = dict(attrs)  # ((clock, ...), (phase, ...)); collectives: no phase
+                    nm, clock = labels.get(c.A_PHASE), labels.get(c.A_CLOCK)
+                    if h.count and nm is not None:
                         (phase_dev if clock == "device" else phase_host).setdefault(nm, []).append(
                             h.sum / h.count * 1e3
                         )

@@ -21,36 +21,21 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import contract as c
-from ..recording.collectives import parse as parse_collective
-from ..recording.layouts import (
-    M_ALLOCATED,
-    M_RESERVED,
-    P_EV0,
-    P_MEMORY,
-    P_NAME,
-    P_SECONDS,
-    P_T1,
-    Step,
-)
+from ..recording.layouts import P_EV0, P_MEMORY, P_NAME, P_SECONDS, P_T1, Step
 from ..recording.tokens import observe_staleness
-from .aggregate import Exemplar, HistogramState, MetricsAggregator
+from .aggregate import Exemplar, MetricsAggregator
 from .blocks import StepBlock
 from .console import ConsoleReporter
 from .efficiency import EfficiencyTracker
 from .instruments import Publisher
+from .phase_series import PhaseSeries, Series
 from .sampling import StepSampler
 from .source import Counters, Delivery, StepSource
 from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
-# Distinct (phase, clock) metric series; names past it are folded into OTHER_PHASE.
-MAX_PHASE_SERIES = 256
 HANG_TICK_S = 0.25  # the hang watch's tick: its record's latency, its gauges' age
-OTHER_PHASE = "_other"
-
-A_PHASE, A_CLOCK, A_KIND, A_NAME, A_REASON = (
-    c.A_PHASE, c.A_CLOCK, c.A_KIND, c.A_NAME, c.A_REASON,
-)  # fmt: skip
+A_NAME, A_REASON = c.A_NAME, c.A_REASON
 
 
 class Worker:
@@ -78,10 +63,7 @@ class Worker:
         self.console = console
         self.poll_s = poll_s
         self.period_s = period_s
-        self._phase_hist: dict[tuple[Any, ...], HistogramState] = {}  # by attributes
-        # Per clock (device?): phase name -> its series; names past MAX_PHASE_SERIES map
-        # to the "_other" series.
-        self._series: dict[bool, dict[str, _Series]] = {False: {}, True: {}}
+        self.phases = PhaseSeries(aggregator)  # each phase name's histogram and gauges
         self._step_hist = aggregator.histogram(c.STEP_DURATION.name, ())
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one process() at a time (worker vs. shutdown drain)
@@ -214,7 +196,7 @@ class Worker:
         api = self.publisher is not None and bool(self.publisher.histograms)
         measurements: list[tuple[str, Any, float]] | None = [] if api else None
         step_values: list[float] = []
-        touched: list[_Series] = []  # series whose buffer holds values
+        touched: list[Series] = []  # series whose buffer holds values
         n = 0
         with agg.lock:
             self._publish_counters()
@@ -228,9 +210,9 @@ class Worker:
                 step_values.extend(block.seconds)
                 if measurements is not None:
                     measurements.extend((c.STEP_DURATION.name, (), v) for v in block.seconds)
-                entries = self._block_phases(block, touched, measurements)
+                entries = self.phases.buffer_block(block, touched, measurements)
                 if block.memory is not None:
-                    self._block_memory(block, [e.memory_name for e in entries])
+                    self.phases.block_memory(block, [e.memory_name for e in entries])
                 if block.scalars is not None:
                     for items in block.scalars:
                         for name, v in items:
@@ -290,74 +272,6 @@ class Worker:
         counts.samples += s_sum
         counts.tokens += t_sum
 
-    def _block_phases(
-        self,
-        block: StepBlock,
-        touched: list[_Series],
-        measurements: list[tuple[str, Any, float]] | None,
-    ) -> list[_Series]:
-        """A block's phase durations into their series' buffers, in step order; returns
-        each row's series entry."""
-        by_entry: dict[int, tuple[_Series, list[list[float]]]] = {}
-        shape, rows = block.shape, []
-        for r, (name, device) in enumerate(zip(shape.names, shape.devices, strict=True)):
-            entry = self._series[device].get(name)
-            if entry is None:
-                entry = self._phase_series(name, device)
-            rows.append(entry)
-            by_entry.setdefault(id(entry), (entry, []))[1].append(block.phase_seconds[r])
-        for entry, cols in by_entry.values():
-            buf = entry.values
-            if not buf:
-                touched.append(entry)
-            if len(cols) == 1:
-                buf.extend(cols[0])
-            else:  # a name the step repeats (gradient accumulation): step by step
-                buf.extend(v for vals in zip(*cols, strict=True) for v in vals)
-            if measurements is not None:
-                metric, attrs = entry.metric, entry.attrs
-                measurements.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
-        return rows
-
-    def _block_memory(self, block: StepBlock, series: list[str | None]) -> None:
-        """Each phase's peak memory gauges (by its series' name), step by step: the last
-        value stays."""
-        memory, agg = block.memory, self.agg
-        assert memory is not None
-        for i in range(block.k):
-            for r, name in enumerate(series):
-                m = memory[r][i]
-                if m is not None and name is not None:  # (a collective's: in its phase's)
-                    _set_memory_peaks(agg, name, m)
-
-    def _phase_series(self, name: str, device: bool) -> _Series:
-        """The series a phase name's durations go to. A collective's phase
-        (collectives.py) feeds otel_train.collective.duration by op and group instead."""
-        phase_hist = self._phase_hist
-        series: str | None = name
-        attrs: tuple[tuple[str, str], ...]
-        collective = parse_collective(name)
-        if collective is not None:
-            metric = c.COLLECTIVE_DURATION.name
-            attrs = ((c.A_COLLECTIVE_GROUP, collective[1]), (c.A_COLLECTIVE_OP, collective[0]))
-            series = None
-        else:
-            metric, attrs = c.PHASE_DURATION.name, _phase_attrs(name, device)
-        if attrs not in phase_hist and len(phase_hist) >= MAX_PHASE_SERIES:
-            # bounded series: further phase names (and collectives) share "_other"
-            metric, attrs, series = (
-                c.PHASE_DURATION.name,
-                _phase_attrs(OTHER_PHASE, device),
-                OTHER_PHASE,
-            )
-        h = phase_hist.get(attrs)
-        if h is None:
-            h = phase_hist[attrs] = self.agg.histogram(metric, attrs)
-        entry = _Series(h, attrs, series, metric)
-        if len(self._series[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
-            self._series[device][name] = entry
-        return entry
-
     def _observe_efficiency(self, block: StepBlock | None, when: str = "") -> None:
         """MFU, data stall and goodput (efficiency.py); a failure disables only them."""
         assert self.efficiency is not None
@@ -387,16 +301,14 @@ class Worker:
             for tree in trees:
                 for row in tree.phases:
                     device = row[P_EV0] is not None
-                    entry = self._series[device].get(row[P_NAME])
-                    if entry is None:
-                        entry = self._phase_series(row[P_NAME], device)
+                    entry = self.phases.of(row[P_NAME], device)
                     entry.histogram.observe(row[P_SECONDS])
                     if api:
                         assert publisher is not None
                         publisher.record(entry.metric, entry.attrs, row[P_SECONDS])
                     m, name = row[P_MEMORY], entry.memory_name
                     if m is not None and name is not None:
-                        _set_memory_peaks(self.agg, name, m)
+                        self.phases.set_memory_peaks(name, m)
 
     # -- spans -------------------------------------------------------------------------
 
@@ -414,7 +326,7 @@ class Worker:
                 return
             if ids is not None:
                 row = tree.phases[0]
-                entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
+                entry = self.phases.get(row[P_NAME], row[P_EV0] is not None)
                 if entry is not None:
                     with self.agg.lock:
                         entry.histogram.attach_exemplar(
@@ -443,7 +355,7 @@ class Worker:
                     Exemplar(step.host_seconds, when, trace_id, span_id)
                 )
                 for row in step.phases:
-                    entry = self._series[row[P_EV0] is not None].get(row[P_NAME])
+                    entry = self.phases.get(row[P_NAME], row[P_EV0] is not None)
                     if entry is not None:  # folded names map to the "_other" series
                         entry.histogram.attach_exemplar(
                             Exemplar(row[P_SECONDS], when, trace_id, span_id)
@@ -452,21 +364,6 @@ class Worker:
         # or the last delivery (and the shutdown drain) would never be counted.
         with self.agg.lock:
             self.agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(emitter.emitted)
-
-
-class _Series:
-    """Where one phase name's durations go: its histogram and attributes, the name of
-    its memory gauges (None: a collective's, whose memory is in its phase's peak), the
-    values waiting for the histogram's next observe_many, the metric's name."""
-
-    __slots__ = ("attrs", "histogram", "memory_name", "metric", "values")
-
-    def __init__(
-        self, histogram: HistogramState, attrs: Any, memory_name: str | None, metric: str
-    ) -> None:
-        self.histogram, self.attrs, self.memory_name = histogram, attrs, memory_name
-        self.metric = metric
-        self.values: list[float] = []
 
 
 class _Counts:
@@ -483,17 +380,3 @@ def _counted(column: list[int | None]) -> tuple[bool, int]:
     """A block's samples or tokens: (any known, their sum)."""
     known = [v for v in column if v is not None]
     return bool(known), sum(known)
-
-
-def _phase_attrs(name: str, device: bool) -> tuple[tuple[str, str], ...]:
-    return ((A_CLOCK, "device" if device else "host"), (A_PHASE, name))
-
-
-def _set_memory_peaks(agg: MetricsAggregator, name: str, m: tuple[int, ...]) -> None:
-    """A phase's peak memory gauges (allocated, reserved) under its series' name."""
-    agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "allocated"), m[M_ALLOCATED])
-    agg.set(c.PHASE_MEMORY_PEAK.name, _mem_attrs(name, "reserved"), m[M_RESERVED])
-
-
-def _mem_attrs(name: str, kind: str) -> tuple[tuple[str, str], ...]:
-    return ((A_KIND, kind), (A_PHASE, name))

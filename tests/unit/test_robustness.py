@@ -208,20 +208,20 @@ def test_dataloader_with_forked_workers_neither_hangs_nor_exports_from_children(
 
 
 def test_phase_names_beyond_the_cap_share_one_series() -> None:
-    from otel_train.processing import worker as worker_module
+    from otel_train.processing import phase_series
 
     tel = InMemoryTelemetry()
     otel_train.configure(console="off", **providers(tel))
-    n = worker_module.MAX_PHASE_SERIES + 50
+    n = phase_series.MAX_PHASE_SERIES + 50
     for i in range(n):
         with otel_train.step(), otel_train.phase(f"phase-{i}"):
             pass
     otel_train.shutdown()
     points = tel.points(c.PHASE_DURATION.name)
     names = {p.attributes[c.A_PHASE] for p in points}
-    assert len(names) == worker_module.MAX_PHASE_SERIES + 1
-    other = [p for p in points if p.attributes[c.A_PHASE] == worker_module.OTHER_PHASE]
-    assert sum(p.count for p in other) == n - worker_module.MAX_PHASE_SERIES
+    assert len(names) == phase_series.MAX_PHASE_SERIES + 1
+    other = [p for p in points if p.attributes[c.A_PHASE] == phase_series.OTHER_PHASE]
+    assert sum(p.count for p in other) == n - phase_series.MAX_PHASE_SERIES
 
 
 def test_a_phase_ending_after_its_step_is_counted_as_dropped() -> None:
