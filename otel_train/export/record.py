@@ -155,16 +155,29 @@ def otlp_json(message: Any) -> str:
     return json.dumps(tree, separators=(",", ":")) + "\n"
 
 
-def _hex_ids(node: Any) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                node[key] = base64.b64decode(value).hex()
-            elif isinstance(value, (dict, list)):
-                _hex_ids(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids(item)
+def _hex_ids(tree: dict[str, Any]) -> None:
+    """The ids where OTLP has them (spans and their links; metric exemplars) from
+    base64 into hex: only those paths are walked, not the whole tree (a metrics snapshot
+    holds ~350 values per id-bearing exemplar)."""
+    for resource in tree.get("resourceSpans", ()):
+        for scope in resource.get("scopeSpans", ()):
+            for span in scope.get("spans", ()):
+                _hex(span)
+                for link in span.get("links", ()):
+                    _hex(link)
+    for resource in tree.get("resourceMetrics", ()):
+        for scope in resource.get("scopeMetrics", ()):
+            for metric in scope.get("metrics", ()):
+                for data in metric.values():
+                    if isinstance(data, dict):  # sum, gauge, histogram, ... (not name, unit)
+                        for point in data.get("dataPoints", ()):
+                            for exemplar in point.get("exemplars", ()):
+                                _hex(exemplar)
+
+
+def _hex(node: dict[str, Any]) -> None:
+    for key in _ID_KEYS.intersection(node):
+        node[key] = base64.b64decode(node[key]).hex()
 
 
 class RecordSpanExporter(SpanExporter):

@@ -77,6 +77,32 @@ def test_a_run_writes_otlp_json_lines_and_says_where(tmp_path: Path) -> None:
     assert f"(report: otel-train report {run})" in job.stderr  # at the summary's end
 
 
+def test_exemplars_in_the_record_name_recorded_spans_in_hex(tmp_path: Path) -> None:
+    job = _run(tmp_path, OTEL_SERVICE_NAME="ex-test", OTEL_TRAIN_RUN_ID="ex")
+    assert job.returncode == 0, job.stderr[-2000:]
+    run = tmp_path / "runs" / "ex-test-ex"
+    span_ids = {
+        (s["traceId"], s["spanId"])
+        for req in _lines(run / "rank0.traces.jsonl")
+        for rs in req["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    }
+    last = _lines(run / "rank0.metrics.jsonl")[-1]
+    exemplars = [
+        e
+        for rm in last["resourceMetrics"]
+        for sm in rm["scopeMetrics"]
+        for m in sm["metrics"]
+        for kind in ("histogram", "exponentialHistogram")
+        for point in m.get(kind, {}).get("dataPoints", ())
+        for e in point.get("exemplars", ())
+    ]
+    assert exemplars  # trace_steps="all": every step's histogram point links its trace
+    for e in exemplars:  # OTLP/JSON: hex, as the spans' own
+        assert (e["traceId"], e["spanId"]) in span_ids
+
+
 def test_run_dir_off_writes_nothing(tmp_path: Path) -> None:
     job = _run(tmp_path, run_dir="off")
     assert job.returncode == 0, job.stderr[-2000:]
