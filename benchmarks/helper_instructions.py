@@ -31,16 +31,20 @@ Two kinds of work are counted apart, because callgrind cannot compare them as th
   steps: a sampled trace's export (one per 1,000-step window) falls in some rounds.
 
 - **By the clock**, per second of wall time with the real clocks and no step: the
-  training process (the feeder's thread) and the helper, each over ``--idle`` seconds.
-  Callgrind slows each tick's work, not how often it comes, so these are the native
-  figures; per step they are that rate times the step's native time, printed for the
-  instructions.py job's step measured here and for a 2 ms step.
+  training process (the feeder's thread) and the helper, each over ``--idle`` seconds,
+  pooled over the rounds. Callgrind slows each tick's work, not how often it comes, so
+  these are the native figures; per step they are that rate times the step's native
+  time, printed for the instructions.py job's step measured here and for a 2 ms step.
+  The run record's metric snapshot (every 5 s, ~9 million instructions) is most of it: a
+  window holds a whole number of them, so the snapshots per second the windows held are
+  printed beside the rate (one in 5 s is the true rate; short windows were off by up to
+  a snapshot each).
 
 Metric export is set to once an hour, so that no periodic export falls in a chunk, and
 the trace sampler's window to its 1,000 steps alone: its 60 seconds, ~50x fewer steps
 under callgrind, would trace a step every few chunks.
 
-Usage: python benchmarks/helper_instructions.py [--steps 400] [--rounds 5] [--idle 3]
+Usage: python benchmarks/helper_instructions.py [--steps 400] [--rounds 5] [--idle 20]
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from instructions import marker, native_plain_step_us, totals
+
+from otel_train.export.record import RECORD_INTERVAL_S
 
 SCALE_ENV = "OTEL_TRAIN_BENCH_TICK_SCALE"
 DONE_ENV = "OTEL_TRAIN_BENCH_DONE"
@@ -123,6 +129,12 @@ def _helper_dump(pid: int, out_dir: Path) -> int:
     raise SystemExit(f"the helper (pid {pid}) wrote no dump")
 
 
+def _snapshots() -> int:
+    """The run record's metric snapshots so far (one line each), every process's."""
+    files = Path(os.environ["OTEL_TRAIN_RUN_DIR"]).rglob("*.metrics*.jsonl")
+    return sum(len(f.read_bytes().splitlines()) for f in files)
+
+
 def inner(args: argparse.Namespace) -> None:
     import overhead as ob
     import torch
@@ -158,10 +170,11 @@ def inner(args: argparse.Namespace) -> None:
         time.sleep(1.0)
         for r in range(args.rounds):
             _helper_dump(helper, out_dir)  # (zeroes it)
-            t = time.monotonic()
+            t, before = time.monotonic(), _snapshots()
             chunk(r, "idle", lambda: time.sleep(args.idle))
             rows[r]["helper_idle"] = _helper_dump(helper, out_dir)
             rows[r]["idle_s"] = time.monotonic() - t
+            rows[r]["snapshots"] = _snapshots() - before
         Path(args.inner).with_suffix(".order").write_text(json.dumps(order))
         Path(args.inner).write_text(json.dumps(rows))
         otel_train.shutdown()
@@ -266,7 +279,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=400, help="steps per chunk")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--idle", type=float, default=3.0, help="seconds of each idle count")
+    ap.add_argument("--idle", type=float, default=20.0, help="seconds of each idle count")
     ap.add_argument("--scale", type=float, default=1000.0,
                     help="how much slower the clocks run for the per-step part")  # fmt: skip
     ap.add_argument("--hidden", type=int, default=64)
@@ -312,9 +325,12 @@ def main() -> None:
     helper = sum(r["helper"] - r["helper_empty"] for r in rows) / (n * len(rows))
     helper_median = med((r["helper"] - r["helper_empty"]) / n for r in rows)
     flush = med(r["helper_flush"] for r in rows)
-    rate = med(r["idle"] / r["idle_s"] for r in idle) + med(
-        r["helper_idle"] / r["idle_s"] for r in idle
-    )
+    # Pooled over the rounds, not a median of them: a window holds a whole number of the
+    # run record's 5 s snapshots (~9 million instructions each), so one window's rate is
+    # off by up to a snapshot; the pooled one by one over all the windows (printed below).
+    idle_s = sum(r["idle_s"] for r in idle)
+    rate = sum(r["idle"] + r["helper_idle"] for r in idle) / idle_s
+    snapshot_rate = sum(r["snapshots"] for r in idle) / idle_s
     together = train + helper
     print(f"callgrind runs: {took:.0f} s; MLP 784-{args.hidden}-{args.hidden}-10, batch "
           f"{args.batch} ({step_us:.0f} us a step natively); {args.rounds} rounds of "
@@ -328,7 +344,9 @@ def main() -> None:
     print(f"  one SDK span per phase            {spans:>10,.0f}")
     print(f"  ratio together / span per phase   {together / spans:>10.3f}  (target <= 0.1)")
     print("\nby the clock, natively (both processes, per second of wall time with no step:")
-    print(f"  {rate:,.0f}), and the metric export (a flush: {flush:,.0f}, once a minute):")
+    print(f"  {rate:,.0f}, the run record's snapshots {snapshot_rate:.3f} a second, every"
+          f" {RECORD_INTERVAL_S:.0f} s: {1 / RECORD_INTERVAL_S:.3f}),")  # fmt: skip
+    print(f"  and the metric export (a flush: {flush:,.0f}, once a minute):")
     steps = ((f"this job's {step_us:.0f} us step", step_us / 1e6), ("a 2 ms step", 2e-3))
     for label, step_s in steps:
         extra = rate * step_s + flush * step_s / 60
