@@ -12,13 +12,6 @@ from typing import Any
 from ..settings import ConfigError
 
 
-def start_prometheus_server(
-    registry: Any, host: str, port: int, policy: str = "offset"
-) -> tuple[Any, tuple[str, int]]:
-    sock = bind_metrics_socket(host, port, policy)
-    return serve_metrics(registry, sock), address(sock)
-
-
 def bind_metrics_socket(host: str, port: int, policy: str = "offset") -> socket.socket:
     """The listening socket of /metrics (bound where the settings are checked, so that a
     taken port is a ConfigError at configure time even when the sidecar serves it)."""

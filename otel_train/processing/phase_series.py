@@ -63,18 +63,18 @@ class PhaseSeries:
         """The series a phase name's durations go to. A collective's phase
         (collectives.py) feeds otel_train.collective.duration by op and group instead."""
         histograms = self.histograms
-        series: str | None = name
+        memory_name: str | None = name
         attrs: tuple[tuple[str, str], ...]
         collective = parse_collective(name)
         if collective is not None:
             metric = c.COLLECTIVE_DURATION.name
             attrs = ((c.A_COLLECTIVE_GROUP, collective[1]), (c.A_COLLECTIVE_OP, collective[0]))
-            series = None
+            memory_name = None
         else:
             metric, attrs = c.PHASE_DURATION.name, _phase_attrs(name, device)
         if attrs not in histograms and len(histograms) >= MAX_PHASE_SERIES:
             # bounded series: further phase names (and collectives) share "_other"
-            metric, attrs, series = (
+            metric, attrs, memory_name = (
                 c.PHASE_DURATION.name,
                 _phase_attrs(OTHER_PHASE, device),
                 OTHER_PHASE,
@@ -82,7 +82,7 @@ class PhaseSeries:
         h = histograms.get(attrs)
         if h is None:
             h = histograms[attrs] = self.agg.histogram(metric, attrs)
-        entry = Series(h, attrs, series, metric)
+        entry = Series(h, attrs, memory_name, metric)
         if len(self._by_name[device]) < 4 * MAX_PHASE_SERIES:  # the map stays bounded too
             self._by_name[device][name] = entry
         return entry
@@ -114,13 +114,13 @@ class PhaseSeries:
                 measurements.extend((metric, attrs, v) for v in buf[-block.k * len(cols) :])
         return rows
 
-    def block_memory(self, block: StepBlock, series: list[str | None]) -> None:
+    def block_memory(self, block: StepBlock, memory_names: list[str | None]) -> None:
         """Each phase's peak memory gauges (by its series' name), step by step: the last
         value stays."""
         memory = block.memory
         assert memory is not None
         for i in range(block.k):
-            for r, name in enumerate(series):
+            for r, name in enumerate(memory_names):
                 m = memory[r][i]
                 if m is not None and name is not None:  # (a collective's: in its phase's)
                     self.set_memory_peaks(name, m)
