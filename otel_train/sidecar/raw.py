@@ -65,6 +65,10 @@ class RawHandover:
         self.session = 0
         self._acked = 0  # ring position the sidecar's replica was last idle at
         self._told = 0  # ring position the sidecar was told of
+        # Positions of the side entries it was told of: the training thread writes an
+        # entry's slot first and puts the entry beside the ring after, so one may arrive
+        # after a hand-over told the position past it (sent then, whatever the position).
+        self._sides_told: set[int] = set()
         self._sent = (0, 1, 0)  # boundaries, names and stacks of ring.tables it has
         self._idle: tuple[int, Any] = (0, None)  # (next step index, step stack) there
         self.caught_up = 0  # slots replayed here to catch up (a figure for tests)
@@ -162,18 +166,26 @@ class RawHandover:
             or len(t.boundaries) > b
             or len(t.names) > n
             or len(t.stacks) > s
-            or bool(sides and next(reversed(sides)) >= self._told)
+            or bool(sides and not self._sides_told.issuperset(sides))
         )
 
     def _announce(self) -> tuple[Any, ...] | None:
         writer = self.ring.writer
         pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
         news = self._news()
-        if pos == self._told and not any(news):
+        sides = self._fresh_sides()
+        if pos == self._told and not any(news) and not sides:
             return None
-        sides = [(p, e) for p, e in self.ring.sides.items() if self._told <= p < pos]
         self._told = pos
         return (self.session, pos, news, sides)
+
+    def _fresh_sides(self) -> list[tuple[int, tuple[Any, ...]]]:
+        """The side entries not told yet. The training thread adds to the dict while this
+        reads it: a copy first (one C call, whole under the GIL)."""
+        told = self._sides_told
+        fresh = [(p, e) for p, e in self.ring.sides.copy().items() if p not in told]
+        told.update(p for p, _ in fresh)
+        return fresh
 
     def acked(self) -> int:
         """The ring position the sidecar acknowledged last (its header, when shared)."""
@@ -184,10 +196,11 @@ class RawHandover:
 
     def _let_go(self, acked: int) -> None:
         """The side entries before ``acked``: the sidecar has applied them."""
-        sides = self.ring.sides
+        sides, told = self.ring.sides, self._sides_told
         if sides and next(iter(sides)) < acked:
-            for p in [p for p in sides if p < acked]:
+            for p in [p for p in sides.copy() if p < acked]:  # (a copy: as _fresh_sides)
                 del sides[p]
+                told.discard(p)
 
     def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:
         """The sidecar's replica was idle at ``position`` (lock held)."""
@@ -244,6 +257,7 @@ class RawHandover:
             while rec._pending and not gone:  # the sidecar's replica has them
                 rec._release_step(rec._pending.popleft())
         ring.sides.clear()
+        self._sides_told.clear()
         rec.dropped_steps, rec.dropped_phases = dropped
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
