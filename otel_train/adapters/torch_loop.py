@@ -189,7 +189,10 @@ class TorchLoopAdapter:
         self.active = True
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
-        self.compiled = False  # the model was compiled after instrument(): hooks traced
+        self.compiled = False  # no hook of ours runs in the forward: compiled after
+        # instrument() (hooks traced), or the forward replaced (see optimizer_post_hook)
+        self.model_attrs: dict[str, Any] = {}  # the model's __dict__, and in it our
+        self.timed_forward: Any = None  # wrapper of its forward, while not replaced
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
@@ -277,6 +280,8 @@ class TorchLoopAdapter:
         if not self.active:
             return
         try:
+            if not self.after_forward and not self.compiled:
+                self._check_forward()
             self.after_forward = False
             if self.compiled and not self.has_loader:
                 self.rec.transition(_OPTIMIZER_END_OPENS)
@@ -284,6 +289,18 @@ class TorchLoopAdapter:
             self.rec.transition(_OPTIMIZER_END)
         except Exception:
             self._failed()
+
+    def _check_forward(self) -> None:
+        """No training forward of ours ran in this step: if the model's forward was
+        replaced since instrument() (``torch.cuda.make_graphed_callables`` sets the
+        graphed one as the instance's forward), steps open as a compiled model's do."""
+        if self.model_attrs.get("forward") is not self.timed_forward:
+            self.compiled = True
+            _log.info(
+                "otel-train: the model's forward was replaced after instrument() (as "
+                "torch.cuda.make_graphed_callables does); no hook of ours runs in it, so "
+                "each step now opens where the last one ended, as a compiled model's"
+            )
 
 
 def _inert() -> TorchLoopAdapter:
@@ -353,6 +370,7 @@ def attach(
     prior = model.__dict__.get("forward")  # a wrapper someone set on this instance
     timed = _TimedForward(adapter, model, model.forward)
     model.forward = timed
+    adapter.model_attrs, adapter.timed_forward = model.__dict__, timed
 
     def restore_forward() -> None:
         if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)

@@ -179,3 +179,30 @@ def test_inductor_compiles_once_with_otel_train_on() -> None:
     assert graphs == [graphs[0]] * 4 and graphs[0][0] == 1
     assert counters["graph_break"] == {}
     assert step_count(tel) >= 1
+
+
+def test_a_forward_replaced_after_instrument_like_make_graphed_callables() -> None:
+    """``torch.cuda.make_graphed_callables(model, ...)`` sets the graphed forward as the
+    model's own ``forward``, over ours (a CUDA twin runs in tests/gpu): no hook of ours
+    runs in it, and without a loader no step would open again. The step that shows it is
+    lost (it ran before its end showed it); each one after opens where the last ended."""
+    model, opt = model_and_optimizer()
+    tel = InMemoryTelemetry()
+    otel_train.instrument(model, optimizer=opt, **providers(tel), console="off",
+                          trace_steps="all")  # fmt: skip
+    batches = list(tiny_loader(n=8 * 8))
+
+    def steps(batches: list[Any]) -> None:
+        for x, y in batches:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    steps(batches[:3])
+    original = type(model).forward
+    model.forward = lambda x: original(model, x)  # (what a graphed forward does here)
+    steps(batches[3:])
+    otel_train.shutdown()
+    assert step_count(tel) == 3 + 4
+    assert phase_names(tel) == {"forward", "backward", "optimizer"}
