@@ -148,6 +148,7 @@ class Session:
             self.aggregator = consumer.aggregator
             self.publisher = consumer.publisher
             self.worker = consumer.worker
+            self.worker.on_wake = self.recorder.watch_cuda
             self._prometheus_address = self.telemetry.prometheus_address
         self._announce_record()
         self._allow_carriers()

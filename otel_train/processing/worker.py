@@ -74,6 +74,9 @@ class Worker:
         self.steps_processed = 0
         self.failed = False
         self.hangs: Any = None  # the hang watch (hangs.HangWatch), ticked every wake
+        # Called every wake: in the training process, the recorder's CUDA watch
+        # (Recorder.watch_cuda: the hooks stop logging once CUDA is in use).
+        self.on_wake: Callable[[], None] | None = None
         # A drop reason's counter series starts with its first drop (fewer series per
         # rank: docs/scale.md); a run that drops nothing sends none.
 
@@ -91,6 +94,8 @@ class Worker:
         source = self.source
         while not self._stop.wait(self.poll_s):
             now = time.monotonic()
+            if self.on_wake is not None:
+                self.on_wake()
             if now - last >= self.period_s or source.backlog_due():
                 last = now
                 self.process()

@@ -1,6 +1,6 @@
 """The deferred log: boundaries logged on the training thread, applied later under a lock.
 
-Without CUDA nothing must be read at a boundary but the clock, so a hook appends
+Until CUDA is in use nothing must be read at a boundary but the clock, so a hook appends
 ``(stack, time, kind, ...)`` to a log and returns; the state machine (phases.py) replays
 the log under the lock on whichever thread settles it first, normally the worker. Any
 caller that needs the state settles before it reads it, so the state every caller sees
@@ -75,7 +75,8 @@ class DeferredLog(PhaseMachine):
         self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
         # The newest entry time that left the log or the queue (progress_ns).
         self.progress_floor = 0
-        # Without CUDA nothing must be read at a boundary but the clock: defer the rest.
+        # Until CUDA is in use nothing must be read at a boundary but the clock: defer the
+        # rest (Recorder.watch_cuda ends it when CUDA shows up).
         # Who takes the log past how many entries (on_backlog), and whether a debugging
         # window lies ahead, so the log is handed over before one of its steps is logged.
         if debug is not None:
@@ -159,7 +160,7 @@ class DeferredLog(PhaseMachine):
             if first is not None:
                 room = first - self._next_index
         self._defer = (
-            not self._want_cuda
+            not self._cuda_in_use()
             and self._flop_probe is None
             and not self._scalar_events
             and room > NEAR_WINDOW

@@ -203,3 +203,43 @@ def warn_bad_parent(why: str, where: str) -> None:
         why,
         what,
     )
+
+
+class StepLinks:
+    """The open step's link (a mixin of the step machine, machine.py): the ids its
+    carriers name, chosen when the first is asked for, or the trace it joined."""
+
+    _current: Any  # the open step (layouts.Step), or None
+    carriers: bool  # whether carriers may say sampled (the session sets it)
+    _gate: CarrierGate
+
+    def _own_link(self, t: int) -> StepLink | None:
+        """The open step's link, with its span's ids chosen now if they were not: what
+        a carrier handed out names (Recorder.carrier)."""
+        step = self._current
+        if step is None:
+            return None
+        link: StepLink | None = step.link
+        if link is None:
+            trace_id, span_id = new_ids()
+            sampled = self.carriers and self._gate.sampled(t)
+            link = step.link = StepLink(trace_id, span_id, 0, sampled)
+        elif not link.span_id:  # it joined another process's trace: a span of that trace
+            link = step.link = link._replace(span_id=new_ids(link.trace_id)[1])
+        return link
+
+    def _hang_link(self, t: int) -> StepLink | None:
+        """The open step's link for a hang record: traced whatever the sampler says, its
+        span's ids chosen now (hangs.py)."""
+        link = self._own_link(t)
+        step = self._current
+        if link is not None and step is not None and not link.hang:
+            link = step.link = link._replace(sampled=True, hang=True)
+        return link
+
+    def _link_at(self, parent: tuple[Any, ...]) -> None:
+        """The open step joins the trace ``parent`` (links.Parent's fields) names, as a
+        child of its span, if sampled there; the first link of a step stands."""
+        step = self._current
+        if step is not None and step.link is None and parent[2]:
+            step.link = StepLink.under(Parent(*parent))

@@ -32,7 +32,7 @@ from .layouts import (
     Step,
     new_stack,
 )
-from .links import CarrierGate, Parent, StepLink, new_ids
+from .links import CarrierGate, Parent, StepLink, StepLinks
 from .scopes import (
     ADAPTER,
     CYCLE,
@@ -83,7 +83,7 @@ def _times_the_device(settings: Settings) -> bool:
     return settings.device_timing != "off" and torch.cuda.is_available()
 
 
-class StepMachine:
+class StepMachine(StepLinks):
     """The recorder's state and its step transitions (phases: phases.py)."""
 
     def __init__(
@@ -105,6 +105,9 @@ class StepMachine:
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
         self._want_cuda = not replay_only and _times_the_device(settings)
+        # Whether hooks log their boundaries, to be applied later (deferred.py): never
+        # while CUDA is in use, whose events and memory figures are due at the boundary.
+        self._defer = False
         self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (processing/flops.py): set only while a step is to be counted.
         self._flop_probe: Any = None
@@ -170,9 +173,15 @@ class StepMachine:
         if index is not None and self.device is None and self._want_cuda:
             self.device = self.events.device = index
 
+    def _cuda_in_use(self) -> bool:
+        """Whether this process uses CUDA now, so that the device is timed."""
+        return self._cuda or (self._want_cuda and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
     def _refresh_cuda(self) -> None:
         # Cheap re-check until CUDA shows up: we never create a CUDA context ourselves.
-        if self._want_cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        # Not while boundaries are logged: an event recorded as the log is applied would
+        # time nothing (CUDA showing up ends the logging first: Recorder.watch_cuda).
+        if self._want_cuda and not self._defer and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             if self.device is None:
                 self.device = self.events.device = torch.cuda.current_device()
             capture.install()
@@ -438,37 +447,6 @@ class StepMachine:
             step.scalars.extend(items)
         else:
             self.loose_scalars.extend(items)
-
-    def _own_link(self, t: int) -> StepLink | None:
-        """The open step's link, with its span's ids chosen now if they were not: what
-        a carrier handed out names (Recorder.carrier)."""
-        step = self._current
-        if step is None:
-            return None
-        link = step.link
-        if link is None:
-            trace_id, span_id = new_ids()
-            sampled = self.carriers and self._gate.sampled(t)
-            link = step.link = StepLink(trace_id, span_id, 0, sampled)
-        elif not link.span_id:  # it joined another process's trace: a span of that trace
-            link = step.link = link._replace(span_id=new_ids(link.trace_id)[1])
-        return link
-
-    def _hang_link(self, t: int) -> StepLink | None:
-        """The open step's link for a hang record: traced whatever the sampler says, its
-        span's ids chosen now (hangs.py)."""
-        link = self._own_link(t)
-        step = self._current
-        if link is not None and step is not None and not link.hang:
-            link = step.link = link._replace(sampled=True, hang=True)
-        return link
-
-    def _link_at(self, parent: tuple[Any, ...]) -> None:
-        """The open step joins the trace ``parent`` (links.Parent's fields) names, as a
-        child of its span, if sampled there; the first link of a step stands."""
-        step = self._current
-        if step is not None and step.link is None and parent[2]:
-            step.link = StepLink.under(Parent(*parent))
 
     def _remote_holder(self, t: int, parent: tuple[Any, ...] | None, span: int) -> Step:
         """The tree of a remote phase entered at ``t``: in no step here; a span in the

@@ -6,13 +6,13 @@ enqueues and (when memory tracking is on) two allocator-statistics reads. Finish
 steps go into a bounded deque that the worker drains; when it is full the oldest
 step is dropped and counted, never waited for.
 
-Adapter boundaries on a CPU-only process (:meth:`Recorder.transition`) are cheaper
-still: the hook appends ``(stack, time, ...)`` to a log and returns; the step/phase
-state machine replays the log later, under a lock, on whichever thread settles it
-first (deferred.py). Python code right after a step's kernels runs on cold caches (a
-``perf_counter_ns`` pair costs ~0.15-0.4 us there against 0.05 us warm), so the fewer
-objects a hook touches, the less it costs; the worker replays a delivery of steps on warm
-caches.
+Adapter boundaries in a process that does not use CUDA, or not yet
+(:meth:`Recorder.transition`), are cheaper still: the hook appends ``(stack, time,
+...)`` to a log and returns; the step/phase state machine replays the log later, under
+a lock, on whichever thread settles it first (deferred.py). Python code right after a
+step's kernels runs on cold caches (a ``perf_counter_ns`` pair costs ~0.15-0.4 us there
+against 0.05 us warm), so the fewer objects a hook touches, the less it costs; the
+worker replays a delivery of steps on warm caches.
 
 :class:`Recorder` is the one class adapters, the session and tests talk to. It is the
 top of a stack of layers, each using only those below it: the step machine
@@ -219,6 +219,15 @@ class Recorder(TraceEntries):
         if handover is not None and ring is not None and ring.writer.pos >= handover.ends_at:
             self.settle()  # (leaves the session: the window's steps are applied here)
         self._on_full()
+
+    def watch_cuda(self) -> None:
+        """(The thread that hands steps on, now and then.) CUDA showed up while the
+        hooks log their boundaries: apply the log, and from the next boundary on the
+        hooks take events and memory figures there (what was logged stays host-timed)."""
+        if self._defer and self._want_cuda and self._cuda_in_use():
+            with self._lock:
+                self._settle()  # (a raw session ends first: its slots applied here)
+                self._decide_deferral()
 
     # -- collectives (collectives.py): phases of their own, and what is in flight -------
 

@@ -156,6 +156,7 @@ class Feeder:
                 continue
             now = time.monotonic()
             ticks += 1
+            self.source.recorder.watch_cuda()  # (CUDA showed up: boundaries not logged)
             handover = self.handover
             if handover.raw and handover.shared:
                 # The sidecar reads how far the ring is written off its header: only side
