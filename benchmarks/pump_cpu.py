@@ -21,7 +21,9 @@ shows that noise). The proxy's own clock reads are inside what it measures:
 calls a step. Nothing is asserted; it prints one JSON line per run.
 
 Usage: python benchmarks/pump_cpu.py [--steps 10000] [--warmup 2000] [--runs 2]
-       (set OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRAIN_TRACE_STEPS=all for otlp-all)
+       [--device cuda]
+       (set OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRAIN_TRACE_STEPS=all for otlp-all;
+       OTEL_TRAIN_MEMORY=false for a GPU job without per-phase memory figures)
 """
 
 from __future__ import annotations
@@ -132,13 +134,14 @@ def _probe_ns(rounds: int = 20_000) -> float:
     return into[0] / rounds
 
 
-def one(steps: int, warmup: int) -> dict[str, Any]:
+def one(steps: int, warmup: int, device: str = "cpu") -> dict[str, Any]:
     import torch
     from tail import mlp
 
     import otel_train
 
     model, opt, loader = mlp()
+    model.to(device)  # (on "cuda": CUDA in use before instrument(), as in a GPU job)
     otel_train.instrument(model, optimizer=opt, dataloader=loader)
     session = otel_train.session.current()
     feeder = getattr(session, "feeder", None)
@@ -156,6 +159,8 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
     done = 0
     while done < steps + warmup:
         for x, y in loader:
+            if device != "cpu":
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             before, floor0 = total[0], FLOOR[0]
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -177,6 +182,7 @@ def one(steps: int, warmup: int) -> dict[str, Any]:
         return values[min(len(values) - 1, int(p * len(values)))] / 1e3
 
     return {
+        "device": device,
         "steps": len(per_step),
         "us_per_step_mean": sum(per_step) / len(per_step) / 1e3,
         "p99_us": q(0.99),
@@ -204,16 +210,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=2_000)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the MLP trains: cpu, or cuda")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.steps, args.warmup)))
+        print(json.dumps(one(args.steps, args.warmup, args.device)))
         return
     env = dict(os.environ, OTEL_TRAIN_CONSOLE="off", OTEL_EXPORTER_PROMETHEUS_PORT="0")
     for _ in range(args.runs):  # each run a fresh process, as a job is
         out = subprocess.run(
             [sys.executable, __file__, "--one", "--steps", str(args.steps),
-             "--warmup", str(args.warmup)],
+             "--warmup", str(args.warmup), "--device", args.device],
             check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
         print(out.stdout.splitlines()[-1], flush=True)
