@@ -99,3 +99,27 @@ def fetch_ahead_loop(
         loss.backward()
         opt.step()
         x, y = next(it)
+
+
+def sidecar_loop(monkeypatch: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, Any]:
+    """A plain loop instrumented at defaults with the sidecar and no OTLP endpoint: the
+    model, optimizer, loader (8 batches) and the session."""
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    model, opt = tiny_model()
+    loader = tiny_loader(n=64, batch_size=8)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus_port=0,
+                          console="off")  # fmt: skip
+    sess = otel_train.session.current()
+    assert sess is not None and sess.feeder is not None
+    return model, opt, loader, sess
+
+
+def epochs_until_raw(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any,
+                     handover: Any) -> int:  # fmt: skip
+    """Epochs trained until the sidecar's raw session began (at most 200)."""
+    epochs = 0
+    while not handover.raw and epochs < 200:
+        train_epoch(model, opt, loader)
+        epochs += 1
+    return epochs

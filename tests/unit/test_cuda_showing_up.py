@@ -20,7 +20,7 @@ from typing import Any
 import cuda_standin
 import pytest
 import torch
-from otel_helpers import providers, step_spans, tiny_loader, tiny_model, train_epoch
+from otel_helpers import epochs_until_raw, providers, sidecar_loop, step_spans, train_epoch
 
 import otel_train
 from otel_train import contract as c
@@ -80,20 +80,10 @@ def test_a_raw_session_ends_when_cuda_shows_up(
 ) -> None:
     """The sidecar's path: the hooks write the ring while CUDA is not in use; once it is,
     the feeder's thread ends the session, and every step is counted once there."""
-    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(var, raising=False)
-    model, opt = tiny_model()
-    loader = tiny_loader(n=64, batch_size=8)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus_port=0,
-                          console="off")  # fmt: skip
-    session = otel_train.session.current()
+    model, opt, loader, session = sidecar_loop(monkeypatch)
     try:
-        assert session is not None and session.feeder is not None
         handover, rec = session.feeder.handover, session.recorder
-        epochs = 0
-        while not handover.raw and epochs < 200:
-            train_epoch(model, opt, loader)
-            epochs += 1
+        epochs = epochs_until_raw(model, opt, loader, handover)
         assert handover.raw and rec._defer
         in_use[0] = True
         assert _until(lambda: not rec._defer and not handover.raw)

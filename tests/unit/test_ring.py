@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 import torch
-from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
+from otel_helpers import (
+    epochs_until_raw,
+    providers,
+    sidecar_loop,
+    tiny_loader,
+    tiny_model,
+    train_epoch,
+)
 
 import otel_train
 from otel_train import session as session_mod
@@ -221,20 +228,10 @@ def test_a_plain_loop_hands_over_through_the_ring_and_counts_each_step_once(
     native = _native_or_skip(writer)
     if not native:
         monkeypatch.setattr(ring_mod, "NATIVE", None)
-    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(var, raising=False)
-    model, opt = tiny_model()
-    loader = tiny_loader(n=64, batch_size=8)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus_port=0,
-                          console="off")  # fmt: skip
-    sess = session_mod.current()
+    model, opt, loader, sess = sidecar_loop(monkeypatch)
     try:
-        assert sess is not None and sess.feeder is not None
         handover = sess.feeder.handover
-        epochs = 0
-        while not handover.raw and epochs < 200:
-            train_epoch(model, opt, loader)
-            epochs += 1
+        epochs = epochs_until_raw(model, opt, loader, handover)
         assert handover.raw and handover.shared == native
         assert sess.recorder.transition == handover.ring.writer.transition
         assert isinstance(handover.ring.writer, Writer) != native
