@@ -224,10 +224,13 @@ class Recorder(TraceEntries):
         """(The thread that hands steps on, now and then.) CUDA showed up while the
         hooks log their boundaries: apply the log, and from the next boundary on the
         hooks take events and memory figures there (what was logged stays host-timed)."""
-        if self._defer and self._want_cuda and self._cuda_in_use():
-            with self._lock:
-                self._settle()  # (a raw session ends first: its slots applied here)
-                self._decide_deferral()
+        try:
+            if self._defer and self._want_cuda and self._cuda_in_use():
+                with self._lock:
+                    self._settle()  # (a raw session ends first: its slots applied here)
+                    self._decide_deferral()
+        except Exception:  # (recording off, logged once: the caller's thread goes on)
+            self._fail()
 
     # -- collectives (collectives.py): phases of their own, and what is in flight -------
 
