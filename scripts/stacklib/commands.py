@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from .config import (
     AGENT_CONFIG,
@@ -117,50 +119,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         # when both of its destinations already accept data.
         for name in SERVICES:
             svc = plan[name]
-            log_path = rd / f"{name}.log"
-            env = dict(os.environ)
-            env.update(svc["env"])
-            with open(log_path, "wb") as out, open(os.devnull, "rb") as devnull:
-                proc = subprocess.Popen(
-                    svc["cmd"],
-                    env=env,
-                    cwd=str(rd),
-                    stdin=devnull,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            start_time = None
-            for _ in range(50):
-                start_time = _proc_start_time(proc.pid)
-                if start_time:
-                    break
-                time.sleep(0.01)
-            (rd / f"{name}.pid").write_text(f"{proc.pid}\n")
-            state["services"][name] = {
-                "pid": proc.pid,
-                "start_time": start_time,
-                "cmd": svc["cmd"],
-                "env": svc["env"],
-                "log": str(log_path),
-                "ready": svc["ready"],
-            }
-            _write_state(state)
-            log(f"started {name} (pid {proc.pid}), log {log_path}")
-            pending = list(svc["ready"])
-            while pending:
-                if not is_alive(proc.pid, start_time):
-                    die(f"{name} exited during start-up; last log lines:\n{_log_tail(log_path)}")
-                if _http_ok(pending[0]):
-                    pending.pop(0)
-                    continue
-                if time.monotonic() > deadline:
-                    die(
-                        f"{name} not ready after {timeout:.0f}s ({pending[0]}); last log lines:\n"
-                        f"{_log_tail(log_path)}"
-                    )
-                time.sleep(0.2)
+            (rd / f"{name}.log").unlink(missing_ok=True)
+            retries = svc.get("start_retries", 0)
+            while not _start_service(name, svc, rd, state, deadline, timeout, retries > 0):
+                retries -= 1
+                wait = 61 - _dt.datetime.now().second  # (past the next minute's start)
+                log(f"{name} exited during start-up; starting it again in {wait} s")
+                time.sleep(wait)
+                deadline += wait
             log(f"{name} ready")
     except BaseException:
         left = _stop_all(state, grace=5)
@@ -173,6 +139,67 @@ def cmd_up(args: argparse.Namespace) -> int:
     log(f"stack up (run dir {rd})")
     _print_endpoints(state["endpoints"])
     return 0
+
+
+def _start_service(
+    name: str,
+    svc: dict[str, Any],
+    rd: Path,
+    state: dict[str, Any],
+    deadline: float,
+    timeout: float,
+    retry: bool,
+) -> bool:
+    """Start ``name`` and wait until it is ready; False if it exited during start-up and
+    ``retry`` says it may be started again (the caller waits first), else it dies."""
+    log_path = rd / f"{name}.log"
+    env = dict(os.environ)
+    env.update(svc["env"])
+    with open(log_path, "ab") as out, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(
+            svc["cmd"],
+            env=env,
+            cwd=str(rd),
+            stdin=devnull,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    start_time = None
+    for _ in range(50):
+        start_time = _proc_start_time(proc.pid)
+        if start_time:
+            break
+        time.sleep(0.01)
+    (rd / f"{name}.pid").write_text(f"{proc.pid}\n")
+    state["services"][name] = {
+        "pid": proc.pid,
+        "start_time": start_time,
+        "cmd": svc["cmd"],
+        "env": svc["env"],
+        "log": str(log_path),
+        "ready": svc["ready"],
+    }
+    _write_state(state)
+    log(f"started {name} (pid {proc.pid}), log {log_path}")
+    pending = list(svc["ready"])
+    while pending:
+        if not is_alive(proc.pid, start_time):
+            proc.wait()  # (reaped: it is gone)
+            if retry:
+                return False
+            die(f"{name} exited during start-up; last log lines:\n{_log_tail(log_path)}")
+        if _http_ok(pending[0]):
+            pending.pop(0)
+            continue
+        if time.monotonic() > deadline:
+            die(
+                f"{name} not ready after {timeout:.0f}s ({pending[0]}); last log lines:\n"
+                f"{_log_tail(log_path)}"
+            )
+        time.sleep(0.2)
+    return True
 
 
 def _print_endpoints(ep: dict[str, str]) -> None:

@@ -157,6 +157,11 @@ def thanos_plan() -> dict[str, dict]:
             "env": {},
             "ports": ["THANOS_RECEIVE_WRITE", "THANOS_RECEIVE_GRPC", "THANOS_RECEIVE_HTTP"],
             "ready": [f"http://{h}:{p['THANOS_RECEIVE_HTTP']}/-/ready"],
+            # Its tenant pruning runs once a minute, and does its work in a minute of the
+            # day divisible by 2x the block length (00:00, 04:00, ... 20:00 UTC). Started
+            # in such a minute, it can prune before the default tenant's TSDB is open and
+            # panic (nil TSDB; thanos#8990, fixed after v0.42.5): once more, a minute on.
+            "start_retries": 1,
         },
         "thanos-query": {
             "cmd": [
