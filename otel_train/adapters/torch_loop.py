@@ -191,8 +191,7 @@ class TorchLoopAdapter:
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # no hook of ours runs in the forward: compiled after
         # instrument() (hooks traced), or the forward replaced (see optimizer_post_hook)
-        self.model_attrs: dict[str, Any] = {}  # the model's __dict__, and in it our
-        self.timed_forward: Any = None  # wrapper of its forward, while not replaced
+        self.timed_forward: Any = None  # our wrapper of the model's forward (attach)
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
@@ -294,7 +293,8 @@ class TorchLoopAdapter:
         """No training forward of ours ran in this step: if the model's forward was
         replaced since instrument() (``torch.cuda.make_graphed_callables`` sets the
         graphed one as the instance's forward), steps open as a compiled model's do."""
-        if self.model_attrs.get("forward") is not self.timed_forward:
+        timed = self.timed_forward
+        if timed.module.__dict__.get("forward") is not timed:
             self.compiled = True
             _log.info(
                 "otel-train: the model's forward was replaced after instrument() (as "
@@ -370,7 +370,7 @@ def attach(
     prior = model.__dict__.get("forward")  # a wrapper someone set on this instance
     timed = _TimedForward(adapter, model, model.forward)
     model.forward = timed
-    adapter.model_attrs, adapter.timed_forward = model.__dict__, timed
+    adapter.timed_forward = timed
 
     def restore_forward() -> None:
         if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)
