@@ -37,7 +37,7 @@ from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
 from .wiring import build_consumer, prints_console
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 _log = logging.getLogger("otel_train")
 
 
