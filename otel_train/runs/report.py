@@ -35,9 +35,18 @@ def _asset(name: str) -> str:
     )
 
 
+# Inside <script>, the HTML parser looks for "</script", "<!--" and "<script" before the
+# JSON parser sees anything; with these as JSON escapes no markup can appear in the data
+# (U+2028/2029: line ends to JavaScript, should the data ever be read as a script).
+_SCRIPT_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
 def _script_json(value: Any) -> str:
-    """JSON safe inside <script>: no closing tag can appear in it."""
-    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+    """JSON safe inside <script>: no ``<``, ``>``, ``&`` or U+2028/2029 in it, only
+    their JSON escapes, which JSON.parse turns back into the same text."""
+    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
 
 
 def page(run: Run, name: str, refresh_s: int | None = None, source: str = "") -> str:

@@ -6,8 +6,9 @@ own parsing of the OTLP/JSON lines. Two run lengths: several snapshots draw curv
 axis per unit, tick labels (read from uPlot's axes) none twice and none cut; one
 snapshot (a run shorter than an export interval) shows every panel's figures instead.
 A third page is the RL example's with a generator process: its rollouts are rows of
-the trainer's page. A screenshot goes to the test's output (``OTEL_TRAIN_SCREENSHOT``
-names a copy to keep, as docs/report.png was made).
+the trainer's page. A fourth has hostile names (phases and a service named as markup):
+the page shows them as text and runs nothing of theirs. A screenshot goes to the test's
+output (``OTEL_TRAIN_SCREENSHOT`` names a copy to keep, as docs/report.png was made).
 """
 
 from __future__ import annotations
@@ -294,3 +295,55 @@ def test_the_report_shows_the_generators_rollouts(tmp_path: Path) -> None:
     assert made[4:6] == ["-", "21"]  # all it made: two at the first step, then one a step
     assert shown["rows"].count("rollout [generator]") == 21  # every step traced
     assert shown["rows"].count("weight_sync [generator]") == 20
+
+
+HOSTILE = ("<!--<script>", "</script><script>window.pwned=1</script>",
+           "<img src=x onerror=window.pwned=2> \u2028&\u2029 x")  # fmt: skip
+HOSTILE_JOB = textwrap.dedent("""
+    import json, sys, torch, otel_train
+    names = json.loads(sys.argv[2])
+    otel_train.configure(run_dir=sys.argv[1], prometheus=False, console="off",
+                         trace_steps="all", metric_export_interval=1)
+    for _ in range(12):
+        with otel_train.step(samples=4):
+            for name in names:
+                with otel_train.phase(name):
+                    torch.ones(64).sum()
+    assert otel_train.shutdown()
+""")
+
+
+def test_hostile_names_show_as_text(tmp_path: Path) -> None:
+    """Phase names and a service name made of markup (a comment opener that once blanked
+    the page, a closing script tag, an event handler): the page is drawn, its data is
+    the record's, the names read as text in the summary and the waterfalls, and no
+    script of theirs runs or is added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_SERVICE_NAME"] = HOSTILE[1]
+    env["OTEL_TRAIN_RUN_ID"] = "hostile"
+    job = subprocess.run([sys.executable, "-c", HOSTILE_JOB, str(tmp_path / "runs"),
+                          json.dumps(HOSTILE)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    _report(run)
+    html = (run / "report.html").read_text()
+    data = html.split('<script id="report-data" type="application/json">')[1]
+    assert "<" not in data.split("</script>")[0]  # the data holds no markup at all
+    chromium, chromedriver = _browser() or ("", "")
+    driver = _driver(chromium, chromedriver)
+    try:
+        driver.get((run / "report.html").as_uri())
+        shown = driver.execute_script(SHOWN.replace("return out;", """
+            out.ready = !!r.ready; out.pwned = window.pwned || null;
+            out.scripts = document.scripts.length; out.images = document.images.length;
+            return out;"""))  # fmt: skip
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+    assert shown["ready"] and not errors, errors
+    assert shown["pwned"] is None and shown["images"] == 0
+    assert shown["scripts"] == 4  # the data and the page's three scripts, none added
+    for name in HOSTILE:
+        assert name in shown["summary"], name
+        assert shown["rows"].count(name) == 12, (name, shown["rows"][:6])  # each traced step
