@@ -5,7 +5,9 @@ While at least one adapter holds it (:func:`hold_collectives`), the collectives 
 becomes a collective's phase of the open step (recording/collectives.py), inside the
 phase it ran in, with the op as torch names it, the process group's name and the group's
 sequence number (for hang records: ranks stuck at different numbers did not call the
-same collective). Asynchronous calls pass straight through (nothing waits in them here).
+same collective). Asynchronous calls pass straight through (nothing waits in them here),
+and so do calls Dynamo traces (torch.compile): the compiled graph holds torch's own
+collective, as without otel-train (its time falls in the phase around the compiled call).
 The last release puts the originals back, unless someone wrapped them since.
 
 Calls that reach the originals another way (``from torch.distributed import all_reduce``
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..recording.collectives import group_name, sequence_number
+from .compiling import dynamo_compiling
 
 _log = logging.getLogger("otel_train")
 # What torch.distributed calls them; each blocks the caller unless async_op=True.
@@ -71,6 +74,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
+        if dynamo_compiling():  # (traced: torch's own collective goes into the graph)
+            return original(*args, **kwargs)
         rec = _recorder() if not _failed else None
         if rec is None:
             return original(*args, **kwargs)

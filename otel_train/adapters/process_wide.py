@@ -37,7 +37,8 @@ from torch.utils.data import dataloader as _dataloader
 
 from .backward import hold_backward
 from .base import Instrumentation
-from .torch_loop import TorchLoopAdapter, _dynamo_compiling, timed_next
+from .compiling import dynamo_compiling
+from .torch_loop import TorchLoopAdapter, timed_next
 
 _log = logging.getLogger("otel_train")
 
@@ -140,7 +141,7 @@ class ProcessWideHooks:
             handle.remove()
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if _dynamo_compiling():  # traced by torch.compile: backward opens the step
+        if dynamo_compiling():  # traced by torch.compile: backward opens the step
             if self.adapter is not None:
                 self.adapter.compiled = True
             return

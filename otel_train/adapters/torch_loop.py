@@ -45,11 +45,10 @@ from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
+from .compiling import dynamo_compiling
 from .ddp import watch_ddp
 
 _log = logging.getLogger("otel_train")
-# False when run eagerly (~20 ns); Dynamo traces it as True. is_compiling() costs ~100 ns.
-_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
 
 # The hooks' boundaries, made once: the recorder recognises a repeating step by them.
@@ -329,7 +328,7 @@ class _TimedForward:
         adapter = self.adapter
         if not adapter.active:
             return self.__wrapped__(*args, **kwargs)
-        if _dynamo_compiling():
+        if dynamo_compiling():
             # torch.compile traced this call (the model was compiled after instrument()):
             # a clock read here would be a graph break. Dynamo replays this attribute write
             # after each compiled call, so backward knows to open the step instead.

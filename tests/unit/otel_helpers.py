@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -123,3 +126,18 @@ def epochs_until_raw(model: torch.nn.Module, opt: torch.optim.Optimizer, loader:
         train_epoch(model, opt, loader)
         epochs += 1
     return epochs
+
+
+@contextlib.contextmanager
+def single_rank_group() -> Iterator[Any]:
+    """torch.distributed with a gloo group of one rank on loopback, for the block."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()

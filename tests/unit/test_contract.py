@@ -4,19 +4,15 @@ declares is emitted (CUDA-only ones excepted on machines without CUDA)."""
 from __future__ import annotations
 
 import ast
-import contextlib
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
-from otel_helpers import providers, tiny_loader, tiny_model, train_epoch, value
+from otel_helpers import providers, single_rank_group, tiny_loader, tiny_model, train_epoch, value
 
 import otel_train
 from otel_train import contract as c
@@ -160,21 +156,6 @@ def test_scrape_names_are_what_the_prometheus_exporter_serves(spec: c.MetricSpec
 def test_cuda_only_metrics_say_so() -> None:
     for spec in CUDA_ONLY:
         assert "CUDA" in spec.description
-
-
-@contextlib.contextmanager
-def single_rank_group() -> Iterator[Any]:
-    """torch.distributed with a gloo group of one rank on loopback, for the block."""
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield dist
-    finally:
-        dist.destroy_process_group()
 
 
 def test_every_metric_in_the_contract_is_emitted() -> None:
