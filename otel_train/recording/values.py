@@ -8,6 +8,7 @@ loop to clean its input would defeat its purpose.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from . import capture
@@ -29,9 +30,31 @@ def import_torch() -> None:
 
 
 def clean_name(name: Any) -> str:
-    text = name if isinstance(name, str) else str(name)
-    text = text[:MAX_NAME]
+    """A phase or scalar name: ``str(name)`` cut to MAX_NAME; "unnamed" when empty, or
+    when ``str`` raises (said once: the loop goes on)."""
+    try:
+        text = name if isinstance(name, str) else str(name)
+        text = text[:MAX_NAME]
+    except Exception as err:
+        _say_unnamed(name, err)
+        return "unnamed"
     return text or "unnamed"
+
+
+def _say_unnamed(name: Any, err: Exception) -> None:
+    if _unnamed_said:
+        return
+    _unnamed_said.append(True)
+    logging.getLogger("otel_train").warning(
+        "otel-train: a %s given as a name: its str() raised %s: %s; it is named 'unnamed' "
+        "(said once)",
+        type(name).__name__,
+        type(err).__name__,
+        err,
+    )
+
+
+_unnamed_said: list[bool] = []  # (a process says it once)
 
 
 def clean_count(value: Any) -> int | None:

@@ -277,3 +277,27 @@ def test_a_console_that_cannot_print_switches_off_and_metrics_go_on(
     assert len(failed) == 1
     assert session.worker.console.stream is None
     assert value(tel, c.STEPS.name) == 8  # every step still counted
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def test_a_name_whose_str_raises_is_logged_once_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """phase(obj) with an object whose str() raises: the phase is kept as 'unnamed',
+    one warning says why, and nothing reaches the loop."""
+    tel = InMemoryTelemetry()
+    otel_train.configure(console="off", trace_steps="all", **providers(tel))
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            with otel_train.step(samples=1), otel_train.phase(_Unprintable()):  # type: ignore[arg-type]
+                pass
+    otel_train.shutdown()
+    names = {s.name for s in tel.spans()}
+    assert names == {c.STEP_SPAN.name, "unnamed"}
+    said = [r for r in caplog.records if r.name == "otel_train" and "str()" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert "RuntimeError" in said[0].getMessage()
