@@ -7,16 +7,21 @@ aggregator's histograms, with exemplars pointing at sampled step traces, into th
 asked for: exponential buckets for a reader whose histogram aggregation is
 ``ExponentialBucketHistogramAggregation`` (otel-train's OTLP reader by default, see
 ``exporters.py``), explicit buckets otherwise (the ``/metrics`` endpoint, in-memory readers).
+
+The bridge reads and replaces private names of the SDK (``SDK_INTERNALS``). They are
+checked once, at import: where one is missing (an SDK release that moved it), the bridge
+is off with one warning, and the histograms go through the metrics API instead.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import Exemplar
+from opentelemetry.sdk.metrics import Exemplar, MeterProvider
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -27,6 +32,7 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     Metric,
+    MetricReader,
     MetricsData,
     PeriodicExportingMetricReader,
     ResourceMetrics,
@@ -40,6 +46,46 @@ from .. import contract as c
 from ..processing.aggregate import HistogramState, MetricsAggregator
 
 _SPECS = {m.name: m for m in c.METRICS if m.instrument == "histogram"}
+_log = logging.getLogger("otel_train")
+
+# The SDK's private names the bridge uses, on what has them: the reader class (the method
+# each collection passes through, which the bridge replaces), a reader and a meter
+# provider (both set theirs in __init__: a fresh one of each is looked at).
+SDK_INTERNALS = {
+    "MetricReader": ("_receive_metrics",),
+    "a MetricReader": ("_instrument_class_temporality", "_instrument_class_aggregation"),
+    "a MeterProvider": ("_metric_readers", "_sdk_config"),
+}
+
+
+def missing_sdk_internals() -> list[str]:
+    """``owner: name`` of each of ``SDK_INTERNALS`` this SDK lacks."""
+    probes = {
+        "MetricReader": MetricReader,
+        "a MetricReader": InMemoryMetricReader(),
+        "a MeterProvider": MeterProvider(shutdown_on_exit=False),
+    }
+    return [
+        f"{owner}: {name}"
+        for owner, names in SDK_INTERNALS.items()
+        for name in names
+        if not hasattr(probes[owner], name)
+    ]
+
+
+def _check_sdk() -> bool:
+    missing = missing_sdk_internals()
+    if missing:
+        _log.warning(
+            "otel-train: this OpenTelemetry SDK lacks %s: the histogram bridge is off, "
+            "duration histograms go through the metrics API (no exemplars, explicit "
+            "buckets); otel-train is tested with the versions its package requires",
+            ", ".join(missing),
+        )
+    return not missing
+
+
+BRIDGE_WORKS = _check_sdk()
 
 
 class HistogramBridge:
@@ -183,13 +229,14 @@ def _exponential_point(
 
 def _merged(bridge: HistogramBridge, reader: Any, metrics_data: Any) -> Any:
     """``metrics_data`` with otel-train's histograms merged in for ``reader`` (as it
-    was when the merge fails: never lose the SDK's own metrics because of ours)."""
+    was when the merge fails or the bridge is off: never lose the SDK's own metrics
+    because of ours)."""
+    if not BRIDGE_WORKS:
+        return metrics_data
     try:
         return bridge.merge(reader, metrics_data)
     except Exception:
-        import logging
-
-        logging.getLogger("otel_train").exception("otel-train: histogram bridge failed")
+        _log.exception("otel-train: histogram bridge failed")
         return metrics_data
 
 
@@ -221,15 +268,11 @@ class BridgedInMemoryReader(_Bridged, InMemoryMetricReader):
         super().__init__(*args, **kwargs)
 
 
-def bridge_readers(meter_provider: Any, bridge: HistogramBridge) -> bool:
+def bridge_readers(meter_provider: MeterProvider, bridge: HistogramBridge) -> None:
     """Put ``bridge`` on every reader of an application's SDK meter provider (each
-    collection then merges otel-train's histograms in, as otel-train's own readers do);
-    False when it has none that takes it (not the SDK's)."""
-    readers = getattr(meter_provider, "_metric_readers", None)
-    if readers is None:  # (older SDKs kept them in the configuration)
-        readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", None)
-    if not readers:
-        return False
+    collection then merges otel-train's histograms in, as otel-train's own readers do).
+    A provider with no reader (``OTEL_METRICS_EXPORTER=none``) is valid: nothing to do."""
+    readers: list[Any] = list(meter_provider._metric_readers)
     for reader in readers:
         if isinstance(reader, _Bridged) or getattr(reader, "_otel_train_bridge", None):
             continue
@@ -241,22 +284,23 @@ def bridge_readers(meter_provider: Any, bridge: HistogramBridge) -> bool:
 
         reader._receive_metrics = receive
         reader._otel_train_bridge = bridge
-    return True
 
 
-def mirror_into(meter_provider: Any, mirror: MetricsAggregator, version: str) -> Any:
-    """The application's meter provider reads ``mirror`` at its own collection times:
+def mirror_into(
+    meter_provider: MeterProvider | None, mirror: MetricsAggregator, version: str
+) -> Any:
+    """The application's SDK meter provider reads ``mirror`` at its own collection times:
     observable instruments for counters and gauges, the histogram bridge on its readers
-    for histograms (the relay's: sidecar/relay.py). Returns the publisher (None without a
-    meter provider)."""
+    for histograms (the relay's: sidecar/relay.py; the metrics API where the bridge is
+    off). Returns the publisher (None without a meter provider)."""
     from ..processing.instruments import Publisher
 
     if meter_provider is None:
         return None
-    resource = getattr(getattr(meter_provider, "_sdk_config", None), "resource", None)
-    bridge = HistogramBridge(resource or Resource.create({}), version)
-    bridge.attach(mirror)
-    if not bridge_readers(meter_provider, bridge):
-        raise TypeError("the meter provider is not the SDK's: its readers take no bridge")
+    if BRIDGE_WORKS:
+        resource = meter_provider._sdk_config.resource
+        bridge = HistogramBridge(resource or Resource.create({}), version)
+        bridge.attach(mirror)
+        bridge_readers(meter_provider, bridge)
     meter = meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
-    return Publisher(meter, mirror, histograms_via_api=False)
+    return Publisher(meter, mirror, histograms_via_api=not BRIDGE_WORKS)

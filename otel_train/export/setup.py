@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from ..settings import Settings
 from .bridge import (
+    BRIDGE_WORKS,
     BridgedInMemoryReader,
     BridgedPeriodicReader,
     BridgedPrometheusReader,
@@ -171,6 +172,13 @@ def _is_sdk_meter_provider(mp: Any) -> bool:
     return not isinstance(mp, metrics.NoOpMeterProvider) and "Proxy" not in type(mp).__name__
 
 
+def _bridge_of(meter_provider: Any) -> HistogramBridge | None:
+    """The bridge on the readers of one of otel-train's meter providers; None for another
+    provider, or where the SDK lacks what the bridge needs (histograms then go through the
+    metrics API: bridge.BRIDGE_WORKS)."""
+    return _BRIDGES.get(meter_provider) if meter_provider and BRIDGE_WORKS else None
+
+
 def build_telemetry(
     settings: Settings,
     tracer_provider: Any | None = None,
@@ -186,7 +194,7 @@ def build_telemetry(
         return Telemetry(
             tracer_provider,
             meter_provider,
-            _BRIDGES.get(meter_provider) if meter_provider else None,
+            _bridge_of(meter_provider),
             logger_provider=logs,
         )
     gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
@@ -194,7 +202,7 @@ def build_telemetry(
         return Telemetry(
             gtp if _is_sdk_tracer_provider(gtp) else None,
             gmp if _is_sdk_meter_provider(gmp) else None,
-            _BRIDGES.get(gmp),
+            _bridge_of(gmp),
             logger_provider=logs,
         )
     return build_own(settings, version, record=record)
@@ -247,7 +255,7 @@ def build_own(
             metric_readers=readers, resource=resource, shutdown_on_exit=False
         )
         _BRIDGES[t.meter_provider] = bridge
-        t.bridge = bridge
+        t.bridge = _bridge_of(t.meter_provider)
     if processors:
         t.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in processors:

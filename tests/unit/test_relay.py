@@ -131,6 +131,18 @@ def test_a_hang_record_reaches_the_applications_logger_provider() -> None:
     assert "time.sleep(3.0)" in hangs[0].attributes[c.HANG_STACKTRACE.key]
 
 
+def test_a_meter_provider_with_no_reader_still_gets_the_steps_traced() -> None:
+    """``OTEL_METRICS_EXPORTER=none`` gives an SDK meter provider with no reader: a valid
+    setup (issue 38), so the spans still arrive and nothing is raised."""
+    app = AppProviders()
+    app.meter_provider = MeterProvider()  # (no reader)
+    session = _run(**app.given())
+    assert session.feeder is not None and session.feeder.relay is not None
+    steps = [s for s in app.spans.get_finished_spans() if s.name == c.STEP_SPAN.name]
+    otel_train.shutdown()
+    assert len(steps) == 8
+
+
 def test_training_goes_on_when_the_sidecar_dies() -> None:
     app = AppProviders()
     model, opt = tiny_model()
