@@ -34,6 +34,7 @@ CLI = Path(sys.executable).parent / "opentelemetry-instrument"
 if str(TESTS / "faults") not in sys.path:
     sys.path.insert(0, str(TESTS / "faults"))
 from collector_helpers import job_env, metric_points, spans, started_collector  # noqa: E402
+from required import DISTRO_SWITCH, missing  # noqa: E402
 
 # What each example's loop makes (its settings, not its output):
 # plain_loop: 512 samples in batches of 32, 2 epochs -> 32 optimizer steps.
@@ -96,7 +97,7 @@ def stripped(script: str, tmp_path: Path, tail: str = "") -> Path:
 @pytest.fixture
 def collector(tmp_path: Path) -> Iterator[Any]:
     if not CLI.exists():
-        pytest.skip("opentelemetry-instrument not installed (pip install 'otel-train[auto]')")
+        missing(DISTRO_SWITCH, "opentelemetry-instrument (pip install 'otel-train[auto]')")
     with started_collector(tmp_path) as col:
         yield col
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from otel_helpers import step_spans, tiny_loader, tiny_model, train_epoch
+from required import DISTRO_SWITCH, missing
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 from torch.utils.data import dataloader as torch_dataloader
@@ -21,7 +22,12 @@ import otel_train
 from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
-pytest.importorskip("opentelemetry.instrumentation")
+try:
+    import opentelemetry.instrumentation  # noqa: F401  (opentelemetry-distro brings it)
+except ImportError:
+    missing(
+        DISTRO_SWITCH, "opentelemetry-distro (pip install 'otel-train[auto]')", module_level=True
+    )
 from otel_train.instrumentor import ENTRY_POINT, OtelTrainInstrumentor
 
 
