@@ -20,8 +20,8 @@ reward of every iteration is recorded as a user scalar (the ``otel_train.scalar`
 name="reward"). Exports over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, as the
 service OTEL_SERVICE_NAME names, else "rl-loop" (``default_service_name``).
 
-With ``--generators N`` the rollout copies live in N processes of their own (the
-README's "One trace across processes"), each its own otel-train session: service
+With ``--generators N`` the rollout copies live in N processes of their own
+(docs/processes.md), each its own otel-train session: service
 ``<trainer's service>-generator-<i>``, role ``generator``, the trainer's run id (set
 here when no launcher gave one), so the RL dashboard's generator and staleness panels
 and the trainer's report page (``rollout [generator]`` rows) find them. Each step hands

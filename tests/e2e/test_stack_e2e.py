@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from scratch import job_env as clean_job_env
+from series_budget import CUDA_ONLY_SERIES, SERIES_PER_RANK
 from stack_helpers import (
     SINGLE_PROCESS_EMPTY,
     TINY_JOB,
@@ -351,17 +352,16 @@ def test_histograms_are_native_and_a_rank_has_few_series(
     names = [x["__name__"] for x in series]
     durations = {c.prometheus_base_name(s) for s in (c.STEP_DURATION, c.PHASE_DURATION)}
     assert len([n for n in names if n in durations]) == 1 + 4  # the step, 4 phases
-    # At most 33 a rank (docs/scale.md), on a GPU too: these CPU runs have tokens and MFU;
-    # CUDA adds each phase's allocated and reserved peaks and the device's memory limit.
-    # Issue 16's 30, and the hang watch's three gauges (progress age and limit, waiting in
-    # a collective: issue 23). The deprecated aliases of renamed metrics are sent beside
-    # them for one release only.
+    # At most SERIES_PER_RANK a rank (tests/series_budget.py, docs/scale.md), on a GPU too:
+    # these CPU runs have tokens and MFU; CUDA adds each phase's allocated and reserved
+    # peaks and the device's memory limit. The deprecated aliases of renamed metrics are
+    # sent beside them for one release only.
     aliases = {c.prometheus_base_name(old) for old, _ in c.DEPRECATED_METRICS}
     assert aliases & set(names)  # (still sent in this release)
     hangs = {c.prometheus_base_name(s) for s in (c.PROGRESS_AGE, c.PROGRESS_LIMIT)}
     assert hangs <= set(names)
-    cuda_series = 2 * 4 + 1
-    assert len([n for n in names if n not in aliases]) + cuda_series <= 33, sorted(names)
+    count = len([n for n in names if n not in aliases]) + CUDA_ONLY_SERIES
+    assert count <= SERIES_PER_RANK, sorted(names)
 
 
 @pytest.mark.parametrize("kind", sorted(BATCH))

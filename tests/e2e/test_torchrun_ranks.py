@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from ddp_job import STEPS, fast_rules, run_ddp
+from series_budget import CUDA_ONLY_SERIES, SERIES_PER_DDP_RANK
 from stack_helpers import (
     attrs,
     dashboard_queries,
@@ -96,11 +97,10 @@ def test_prometheus_holds_per_rank_series(stack: Any, run: dict[str, Any]) -> No
     assert counts == {str(r): float(STEPS) for r in range(run["ranks"])}
 
 
-def test_a_ddp_rank_sends_at_most_36_series(stack: Any, run: dict[str, Any]) -> None:
-    """Issue 16's 30 a rank, and what issue 23 adds for a DDP rank: its collectives'
-    histogram (one series per op and group) and the hang watch's three gauges; counted
-    here on each rank of the job (not Prometheus's own ALERTS series about it), with the
-    CUDA-only series a GPU rank adds."""
+def test_a_ddp_rank_keeps_to_its_series_budget(stack: Any, run: dict[str, Any]) -> None:
+    """SERIES_PER_DDP_RANK (tests/series_budget.py): a rank's budget and its collectives'
+    histogram (one series per op and group); counted here on each rank of the job (not
+    Prometheus's own ALERTS series about it), with the CUDA-only series a GPU rank adds."""
 
     def per_rank() -> dict[str, set[str]]:
         series = prom(stack, "/api/v1/series", **{
@@ -115,12 +115,11 @@ def test_a_ddp_rank_sends_at_most_36_series(stack: Any, run: dict[str, Any]) -> 
     by_rank = poll(per_rank, f"series of every rank of the {run['ranks']}-rank job")
     aliases = {c.prometheus_base_name(old) for old, _ in c.DEPRECATED_METRICS}
     collectives = c.prometheus_base_name(c.COLLECTIVE_DURATION)
-    cuda_series = 2 * 4 + 1  # each phase's allocated and reserved peaks, the device limit
     for rank, series in by_rank.items():
         names = [n for s in series if not (n := s.split("[", 1)[0]).startswith("ALERTS")]
         assert collectives in names, rank  # (DDP's gradient all-reduce)
-        count = len([n for n in names if n not in aliases]) + cuda_series
-        assert count <= 36, (rank, sorted(names))
+        count = len([n for n in names if n not in aliases]) + CUDA_ONLY_SERIES
+        assert count <= SERIES_PER_DDP_RANK, (rank, sorted(names))
 
 
 def test_straggler_rule_names_the_slow_rank(stack: Any, run: dict[str, Any]) -> None:

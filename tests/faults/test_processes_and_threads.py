@@ -137,7 +137,7 @@ def test_phases_on_a_rollout_thread_follow_the_open_step(collector: Any, tmp_pat
     ends = sorted(r["End time"] for r in roots)
     for span in rollout_spans:
         # Rule: a background thread's phase joins the step open when it ends, or else
-        # the next step to end (README "Threads"): the first step ending after it.
+        # the next step to end (docs/failures.md, "Threads"): the first step ending after it.
         parent = by_id[span["Parent ID"]]
         assert parent["Name"] == "otel_train.step"
         assert parent["Trace ID"] == span["Trace ID"]

@@ -1,4 +1,4 @@
-"""Phases on several threads: the rule in README "When things go wrong", deterministically.
+"""Phases on several threads: the rule in docs/failures.md ("Threads"), deterministically.
 
 The training thread is the one that opens steps (``step()``, an instrumented trainer; before
 either, the main thread's bare phases). Another thread's phases are background phases:
