@@ -1,11 +1,12 @@
 """The consumer side wired once: batches of finished steps in; metrics, console tables
 and spans out.
 
-The same wiring runs in one of two places (docs/rationale.md, "Where the work runs"):
-a thread of the training process when the application passes its own providers (the
-spans and metrics must reach those objects), or the sidecar process when otel-train
-configures the SDK itself (otel_train/sidecar/). Every part is passed in at
-construction.
+The same wiring runs in one of two places (docs/exports.md, "Where the work runs"): the
+sidecar process (otel_train/sidecar/) when otel-train configures the SDK itself, and
+also for the application's own SDK providers, which the sidecar's relay serves
+(sidecar/relay.py); or a thread of the training process for providers that are not the
+SDK's, with ``sidecar="off"``, or when the sidecar cannot start. Every part is passed in
+at construction.
 """
 
 from __future__ import annotations

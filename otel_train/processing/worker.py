@@ -5,10 +5,11 @@ It wakes every ``poll_s`` and works every ``period_s`` or once a quarter of the
 recorder's bounds waits (no per-step signalling from the training thread); the hang
 watch ticks every ``HANG_TICK_S`` (each wake runs on cold caches: ~25 us of CPU for the
 backlog's look, ~40 more with the watch, measured in the sidecar). Its source
-is a :class:`~.source.StepSource` (the recorder in this process: a thread of the
-training process, when the application passes its own providers) or the sidecar's
-receiving end (otel_train/sidecar/: a process of its own, when otel-train configures
-the SDK). It never synchronises with the device. Its own CPU time per step is
+is the sidecar's receiving end (otel_train/sidecar/: a process of its own, when
+otel-train configures the SDK and when the application's own SDK providers are served
+by its relay) or a :class:`~.source.StepSource` (the recorder in this process: a thread
+of the training process, for providers that are not the SDK's, ``sidecar="off"``, or a
+sidecar that could not start). It never synchronises with the device. Its own CPU time per step is
 published as ``otel_train.overhead``.
 """
 
