@@ -1,13 +1,21 @@
 """The /metrics endpoint: its listening socket, bound in the training process where the
 settings are checked (a taken port is a ConfigError at configure time, even when the
-sidecar serves it), and prometheus_client's WSGI server on that socket."""
+sidecar serves it), and a WSGI server of prometheus_client's app on that socket.
+
+The server gives each connection a thread, at most MAX_CONNECTIONS at once (one more
+is closed as soon as it is accepted), and closes a connection that sends nothing for
+IDLE_TIMEOUT_S: idle connections cannot pile up threads in the process that serves it.
+"""
 
 from __future__ import annotations
 
 import errno
 import socket
+import sys
 import threading
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from ..settings import ConfigError
 
@@ -52,16 +60,60 @@ def address(sock: socket.socket) -> tuple[str, int]:
     return str(bound[0]), int(bound[1])
 
 
+MAX_CONNECTIONS = 8  # served at once (a scrape takes milliseconds; Prometheus sends one)
+IDLE_TIMEOUT_S = 10.0  # a connection silent this long is closed (Prometheus's own timeout)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_S  # (socketserver sets it on the connection)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, MAX_CONNECTIONS of them at most."""
+
+    daemon_threads = True
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.address_family = sock.family
+        super().__init__(sock.getsockname()[:2], _QuietHandler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed now, not queued on a thread
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection timed out or reset: closed, nothing printed (the default prints
+        its traceback to stderr)."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 def serve_metrics(registry: Any, sock: socket.socket) -> Any:
-    """Serve ``registry`` on an already listening socket, from a daemon thread."""
-    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_wsgi_app
+    """Serve ``registry`` on an already listening socket, from a daemon thread. Call it
+    once the registry's reader is registered on its meter provider: a scrape before
+    then makes the SDK warn that it cannot collect (until then, scrapes wait in the
+    socket's backlog)."""
+    from prometheus_client import make_wsgi_app
 
-    class Server(ThreadingWSGIServer):
-        address_family = sock.family
-
-    server = Server(sock.getsockname()[:2], _SilentHandler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = sock
+    server = _BoundedServer(sock)
     host, port = address(sock)
     server.server_name, server.server_port = host, port
     server.setup_environ()

@@ -246,7 +246,7 @@ def build_own(
     readers: list[Any] = []
     processors: list[SpanBatcher] = []
     t = Telemetry(None, None, None, owned=True, record=record)
-    _serve_prometheus(t, settings, bridge, metrics_socket, readers)
+    serve = _prometheus_reader(settings, bridge, metrics_socket, readers)
     _otlp_parts(t, settings, bridge, readers, processors)
     if record is not None:
         _record_parts(t, record, settings, bridge, readers, processors)
@@ -256,6 +256,9 @@ def build_own(
         )
         _BRIDGES[t.meter_provider] = bridge
         t.bridge = _bridge_of(t.meter_provider)
+    if serve is not None:  # (only now: its reader is registered on the provider)
+        t.prometheus_server = serve_metrics(*serve)
+        t.prometheus_address = address(serve[1])
     if processors:
         t.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in processors:
@@ -264,13 +267,14 @@ def build_own(
     return t
 
 
-def _serve_prometheus(
-    t: Telemetry,
+def _prometheus_reader(
     settings: Settings,
     bridge: HistogramBridge,
     metrics_socket: socket.socket | None,
     readers: list[Any],
-) -> None:
+) -> tuple[Any, socket.socket] | None:
+    """The /metrics reader, into ``readers``; the registry and socket to serve once the
+    meter provider holds it (endpoint.serve_metrics), or None without /metrics."""
     from prometheus_client import CollectorRegistry
 
     port = metrics_port(settings) if settings.prometheus else None
@@ -278,11 +282,11 @@ def _serve_prometheus(
         metrics_socket = bind_metrics_socket(
             settings.prometheus_host, port, settings.prometheus_ranks
         )
-    if metrics_socket is not None:
-        registry = CollectorRegistry(auto_describe=True)
-        readers.append(BridgedPrometheusReader(bridge, registry=registry))
-        t.prometheus_server = serve_metrics(registry, metrics_socket)
-        t.prometheus_address = address(metrics_socket)
+    if metrics_socket is None:
+        return None
+    registry = CollectorRegistry(auto_describe=True)
+    readers.append(BridgedPrometheusReader(bridge, registry=registry))
+    return registry, metrics_socket
 
 
 def _otlp_parts(
