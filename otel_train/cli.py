@@ -10,6 +10,7 @@ Usage::
     otel-train report --serve RUN_DIR     # the same page on 127.0.0.1, refreshed
     otel-train report --prometheus URL --jaeger URL --job JOB  # a job in a live stack
     otel-train timeline RUN_DIR -o F.json # traced steps for Perfetto / chrome://tracing
+    otel-train compare A B [--fail-if-slower PCT]  # run B against run A (docs/compare.md)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .runs import compare_cli
 from .settings import ConfigError
 
 
@@ -235,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--hold", type=float, default=0.0, help="keep /metrics up N s after training")
     d.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
     sub.add_parser("telemetry", help="print the telemetry reference (Markdown)")
+    compare_cli.add_parser(sub)
     r = sub.add_parser("replay", help="send a run record (otel-train-runs/...) to a Collector")
     r.add_argument("run_dir", help="a run directory otel-train wrote")
     r.add_argument("--endpoint", default=None,
@@ -256,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("run_dir", help="a run directory otel-train wrote")
     t.add_argument("-o", "--output", default=None, help="default RUN_DIR/steps.json")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        return compare_cli.main(args)
     if args.command == "timeline":
         return _timeline(args)
     if args.command == "demo":
