@@ -28,6 +28,20 @@ _log = logging.getLogger("otel_train")
 PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
 
+# The sidecar runs otel-train's code and the libraries installed beside it, never a file
+# of the job's working directory (a json.py there would be imported in place of the
+# standard library's): -P leaves the working directory off its sys.path. Python 3.10 has
+# no -P: there -c takes out the '' it puts first, then runs the module.
+if sys.version_info >= (3, 11):
+    SIDECAR_COMMAND = [sys.executable, "-P", "-m", "otel_train.sidecar"]
+else:  # pragma: no cover (CI runs 3.11)
+    SIDECAR_COMMAND = [
+        sys.executable,
+        "-c",
+        "import sys; del sys.path[0]; import runpy; "
+        "runpy.run_module('otel_train.sidecar', run_name='__main__', alter_sys=True)",
+    ]
+
 
 class SidecarProcess:
     def __init__(
@@ -59,7 +73,7 @@ class SidecarProcess:
             env["OTEL_TRAIN_SIDECAR_STDOUT_FD"] = str(console_fd)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "otel_train.sidecar"],
+                SIDECAR_COMMAND,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=pass_fds,

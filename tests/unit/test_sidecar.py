@@ -321,6 +321,44 @@ def test_console_stdout_reaches_the_training_process_stdout(tmp_path: Any) -> No
     assert done.stdout.rstrip().endswith("trained")
 
 
+def test_the_sidecar_imports_nothing_from_the_jobs_working_directory(tmp_path: Any) -> None:
+    """A ``json.py`` in the directory the job runs in is not imported by the sidecar
+    (which would run it in place of the standard library's): only otel-train's code runs
+    there. The job's script lives elsewhere, so the job itself does not import it either."""
+    import subprocess
+    import sys
+    import textwrap
+
+    work, scripts = tmp_path / "work", tmp_path / "scripts"
+    work.mkdir()
+    scripts.mkdir()
+    (work / "json.py").write_text(
+        "import os\n"
+        "open(os.path.join(os.path.dirname(os.path.abspath(__file__)),\n"
+        "                  f'imported-by-{os.getpid()}'), 'w').close()\n"
+        "raise ImportError('the planted json.py')\n"
+    )
+    (scripts / "job.py").write_text(
+        textwrap.dedent("""
+        import torch, otel_train
+        model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ds = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 2))
+        loader = torch.utils.data.DataLoader(ds, batch_size=8)
+        otel_train.instrument(model, optimizer=opt, dataloader=loader, prometheus=False,
+                              console="stdout", run_dir="off")
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        assert otel_train.shutdown()
+        """)
+    )
+    done = subprocess.run([sys.executable, str(scripts / "job.py")], env=job_env(),
+                          capture_output=True, text=True, timeout=120, cwd=work)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(work.glob("imported-by-*")), done.stderr[-2000:]
+    assert "otel-train run summary: 4 steps" in done.stdout, done.stderr[-2000:]
+
+
 def test_the_sidecars_backlog_of_received_steps_is_bounded_and_its_drops_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
