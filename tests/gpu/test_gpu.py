@@ -89,14 +89,18 @@ def test_phase_device_duration_matches_profiler_kernel_time(
     device = span.attributes[c.PHASE_DEVICE_DURATION.key]
     host = span.attributes[c.PHASE_HOST_DURATION.key]
     assert span.attributes[c.PHASE_CLOCK.key] == "device"
-    # (printed for the GPU report, scripts/gpu-check: the target is within 2%)
-    print(
-        f"matmul phase: device {device * 1e3:.3f} ms, profiler kernel total "
-        f"{kernels * 1e3:.3f} ms, ratio {device / kernels:.4f}; host {host * 1e3:.3f} ms"
+    ratio = device / kernels
+    figures = (
+        f"matmul phase ({'synced' if sync_inside else 'async'}): device {device * 1e3:.3f} ms, "
+        f"profiler kernel total {kernels * 1e3:.3f} ms, ratio {ratio:.4f}; host {host * 1e3:.3f} ms"
     )
-    assert kernels > 0.001  # the workload is large enough to mean something
-    assert device >= 0.9 * kernels, (device, kernels)
-    assert device <= 1.5 * kernels + 0.002, (device, kernels)
+    print(figures)  # (for the GPU report: scripts/gpu-check prints the test output)
+    # 20 fp32 4096^3 matmuls are ~40 ms on an H100/H200: the phase's fixed costs (its
+    # events, the launch of the first kernel, the sync's return) are well under 1% of it.
+    assert kernels > 0.01, figures
+    # The phase's events bracket its kernels back to back on one stream, so the device
+    # time is the kernels' plus those fixed costs: within the 2% goal, either way.
+    assert 0.98 <= ratio <= 1.02, figures
     if sync_inside:
         assert device <= host + 0.001, (device, host)
     else:
