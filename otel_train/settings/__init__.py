@@ -17,6 +17,8 @@ How each value is checked and parsed: :mod:`.values`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -323,6 +325,7 @@ class Settings:
         env = os.environ if environ is None else environ
         overrides = dict(overrides or {})
         known = {f.name: f for f in dataclasses.fields(cls)}
+        warn_unknown_env(env, known)
         unknown = sorted(set(overrides) - set(known))
         if unknown:
             raise ConfigError(
@@ -364,6 +367,40 @@ class Settings:
     @staticmethod
     def names() -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(Settings))
+
+
+# OTEL_TRAIN_* names that are no setting: the run id (identity.py), the sidecar's own
+# (set by its parent), and those of the project's tools (scripts/stack, the benchmarks,
+# the test switches) which a job may inherit from the shell that runs them.
+OTHER_ENV = ("RUN_ID",)
+OTHER_ENV_PREFIXES = ("SIDECAR_", "STACK_", "BENCH_")
+OTHER_ENV_SUFFIXES = ("_REQUIRED", "SCREENSHOT")
+_warned_env: set[str] = set()
+
+
+def warn_unknown_env(env: Mapping[str, str], known: Mapping[str, Any]) -> None:
+    """One warning per OTEL_TRAIN_* variable that names no setting (a misspelling would
+    otherwise be ignored), naming the closest setting's variable."""
+    settings = [ENV_PREFIX + name.upper() for name in known]
+    for name in env:
+        rest = name[len(ENV_PREFIX) :]
+        if (
+            not name.startswith(ENV_PREFIX)
+            or name in settings
+            or name in _warned_env
+            or rest in OTHER_ENV
+            or rest.startswith(OTHER_ENV_PREFIXES)
+            or rest.endswith(OTHER_ENV_SUFFIXES)
+        ):
+            continue
+        _warned_env.add(name)
+        close = difflib.get_close_matches(rest.lower(), known, n=1, cutoff=0.6)
+        hint = f"did you mean {ENV_PREFIX}{close[0].upper()}?" if close else "see the settings"
+        logging.getLogger("otel_train").warning(
+            "otel-train: environment variable %s is no otel-train setting and is ignored; %s",
+            name,
+            hint,
+        )
 
 
 def settings_table() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -228,3 +229,28 @@ def test_settings_table_lists_every_setting_and_its_variable() -> None:
     for name in Settings.names():
         assert f"`{name}`" in table
         assert f"`OTEL_TRAIN_{name.upper()}`" in table
+
+
+def test_a_misspelled_variable_is_warned_once_with_the_closest_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OTEL_TRAIN_CONSOLE_EVRY (a typo) at instrument(): one warning naming the setting
+    it is closest to, however many times settings are resolved; the run id, the test
+    switches and the settings themselves give none."""
+    monkeypatch.setenv("OTEL_TRAIN_CONSOLE_EVRY", "5")
+    monkeypatch.setenv("OTEL_TRAIN_XYZZY_PLUGH", "1")
+    monkeypatch.setenv("OTEL_TRAIN_RUN_ID", "r1")
+    monkeypatch.setenv("OTEL_TRAIN_BROWSER_REQUIRED", "1")
+    monkeypatch.setenv("OTEL_TRAIN_CONSOLE_EVERY", "7")
+    tel = InMemoryTelemetry()
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        sess = otel_train.configure(console="off", **providers(tel))
+        assert sess.settings.console_every == 7
+        otel_train.shutdown()
+        Settings.resolve()
+    said = [r.getMessage() for r in caplog.records if "environment variable" in r.getMessage()]
+    assert len(said) == 2, said
+    (typo,) = [m for m in said if "OTEL_TRAIN_CONSOLE_EVRY" in m]
+    assert "did you mean OTEL_TRAIN_CONSOLE_EVERY?" in typo
+    (other,) = [m for m in said if "OTEL_TRAIN_XYZZY_PLUGH" in m]
+    assert "did you mean" not in other
