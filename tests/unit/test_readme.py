@@ -12,9 +12,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
 import yaml
 
+import otel_train
+from otel_train import contract as c
 from otel_train.settings import Settings, settings_table
+from otel_train.testing import InMemoryTelemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -87,3 +91,26 @@ def test_the_readme_lists_every_extra() -> None:
     extras = set(re.findall(r"^([\w-]+) = \[", block.group(1), re.M))
     rows = set(re.findall(r"^\| `([\w-]+)` \|", README, re.M))
     assert "docs" in extras and rows == extras, (rows, extras)
+
+
+def test_the_readme_loop_runs_as_written() -> None:
+    """The first Python example, on a small model and a loader of dict batches, with
+    in-memory providers configured first (the example's ``instrument()`` names no
+    settings, so it takes that session): one step per batch."""
+    code = re.search(r"```python\n(.*?)```", README, re.S)
+    assert code is not None and "otel_train.instrument(model" in code.group(1)
+    tel = InMemoryTelemetry()
+    otel_train.configure(tracer_provider=tel.tracer_provider, meter_provider=tel.meter_provider,
+                         trace_steps="all", console="off")  # fmt: skip
+    data = [{"x": torch.randn(4), "y": torch.randn(1)} for _ in range(24)]
+    model = torch.nn.Linear(4, 1)
+    scope = {
+        "model": model,
+        "opt": torch.optim.SGD(model.parameters(), lr=0.01),
+        "loader": torch.utils.data.DataLoader(data, batch_size=8),
+        "loss_fn": torch.nn.functional.mse_loss,
+    }
+    exec(compile(code.group(1), "README.md", "exec"), scope)
+    steps = [s for s in tel.spans() if s.name == c.STEP_SPAN.name]
+    assert len(steps) == 3
+    assert {p.attributes["name"] for p in tel.points(c.SCALAR.name)} == {"loss"}
