@@ -9,9 +9,11 @@ Phases and where they are observed:
   training forward. So a batch fetched at the end of a step counts in the next one, and
   the last, never trained on, in none. (A model compiled after ``instrument()`` runs no
   timed forward: there every batch counts in the step open at its fetch.)
-- ``forward``: from the start of the model's ``forward`` (training mode, grad enabled;
-  the instance's ``forward`` is wrapped while instrumented) until backward starts, so
-  the loss computation belongs to forward.
+- ``forward``: from the start of the model's ``forward`` (training mode, grad enabled)
+  until backward starts, so the loss computation belongs to forward. While instrumented
+  the model's class is a subclass made for it whose ``forward`` is timed; it pickles
+  and copies as the model's own class, so saves, copies and ``state_dict()`` are as
+  without otel-train (an instance that has a ``forward`` of its own gets it wrapped).
 - ``backward``: around ``torch.autograd.backward`` (what ``loss.backward()`` calls),
   while a step is open (the process-wide wrapper of ``backward.py``).
 - ``optimizer``: from the optimizer's step pre-hook to its post-hook.
@@ -32,7 +34,9 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
+import types
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -293,7 +297,7 @@ class TorchLoopAdapter:
         replaced since instrument() (``torch.cuda.make_graphed_callables`` sets the
         graphed one as the instance's forward), steps open as a compiled model's do."""
         timed = self.timed_forward
-        if timed.module.__dict__.get("forward") is not timed:
+        if timed.module.forward is not timed:
             self.compiled = True
             _log.info(
                 "otel-train: the model's forward was replaced after instrument() (as "
@@ -309,9 +313,11 @@ def _inert() -> TorchLoopAdapter:
 
 
 class _TimedForward:
-    """The model's ``forward`` while instrumented: an instance attribute wrapping the
-    original. (A forward pre-hook would send every call through ``Module._call_impl``'s
-    slow path: ~1 us per step more than this wrapper, measured in instructions.)"""
+    """The model's ``forward`` while instrumented, wrapping the original: the ``forward``
+    of the model's own subclass (:func:`_timed_class`), or, where the instance has a
+    ``forward`` of its own, an instance attribute wrapping that one. (A forward pre-hook
+    would send every call through ``Module._call_impl``'s slow path, ~1 us per step more
+    than this wrapper in instructions, and would be pickled with the model.)"""
 
     __slots__ = ("__wrapped__", "adapter", "module", "module_attrs")
 
@@ -344,18 +350,82 @@ class _TimedForward:
             adapter.forward_failed(err)
             raise
 
-    # A copied or pickled model gets the forward this one replaced, not the timing: the
-    # copy (an EMA model, say) is not instrumented. A bound method is copied onto the copy.
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        """As the subclass's ``forward``: this for the model; the class's own forward for
+        the class (``type(model).forward``) and for another instance of the subclass (a
+        ``DataParallel`` replica, a copy a class of the user's makes with ``type(self)``)."""
+        if obj is self.module:
+            return self
+        return self.__wrapped__.__func__.__get__(obj, cls)
+
+    # Where it is an instance attribute (the instance had a forward of its own), a copied
+    # or pickled model gets the forward this one replaced, not the timing: the copy (an
+    # EMA model, say) is not instrumented. A bound method is copied onto the copy.
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return copy.deepcopy(self.__wrapped__, memo)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_same, (self.__wrapped__,))
+        return (copy.copy, (self.__wrapped__,))  # (a function is its own copy)
 
 
-def _same(value: Any) -> Any:
-    return value
+_SET_CLASS = object.__dict__["__class__"].__set__  # (what ``obj.__class__ = c`` does)
+
+
+def _timed_class(cls: type, timed: _TimedForward) -> type:
+    """A subclass of ``cls`` for one model, ``timed`` its ``forward``, named as ``cls``.
+    Its instances say ``cls`` is their ``__class__`` and reduce as instances of ``cls``
+    (pickle checks the one against the other), so whole-model saves are byte for byte
+    those made without otel-train (they load with ``weights_only=True`` where otel-train
+    is not installed), and deep copies are of ``cls``. ``type()`` tells the truth."""
+
+    reduce_ex: Any = cls.__reduce_ex__  # (the class's own, or object's)
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        reduced = reduce_ex(self, protocol)
+        if not isinstance(reduced, tuple) or len(reduced) < 2:
+            return reduced
+        args = tuple(cls if a is sub else a for a in reduced[1])
+        return (reduced[0], args, *reduced[2:])
+
+    def body(ns: dict[str, Any]) -> None:
+        ns.update(forward=timed, __reduce_ex__=__reduce_ex__, __module__=cls.__module__,
+                  __qualname__=cls.__qualname__,
+                  __class__=property(lambda self: cls, _SET_CLASS))  # fmt: skip
+
+    sub = types.new_class(cls.__name__, (cls,), exec_body=body)
+    return sub
+
+
+def _time_forward(model: torch.nn.Module, timed: _TimedForward) -> Callable[[], None]:
+    """Make ``timed`` the model's forward; returns the undo. The model's class becomes its
+    own subclass (nothing is stored on the instance), unless the instance has a forward of
+    its own (a compiled module's, a user's wrapper): then that is wrapped in place."""
+    prior = model.__dict__.get("forward")
+    cls = type(model)
+    if prior is None and isinstance(inspect.getattr_static(cls, "forward"), types.FunctionType):
+        try:
+            sub = _timed_class(cls, timed)
+            _SET_CLASS(model, sub)
+        except Exception:  # (a class that cannot be subclassed so: the instance's, then)
+            _log.debug("otel-train: the model's class cannot be subclassed", exc_info=True)
+        else:
+
+            def restore_class() -> None:
+                if type(model) is sub:  # (changed again since: stays, inert)
+                    _SET_CLASS(model, cls)
+
+            return restore_class
+    model.forward = timed
+
+    def restore_forward() -> None:
+        if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)
+            if prior is None:
+                del model.__dict__["forward"]
+            else:
+                model.__dict__["forward"] = prior
+
+    return restore_forward
 
 
 def attach(
@@ -366,19 +436,9 @@ def attach(
     counter: Callable[[Any], tuple[int | None, int | None]] | None,
 ) -> None:
     adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
-    prior = model.__dict__.get("forward")  # a wrapper someone set on this instance
     timed = _TimedForward(adapter, model, model.forward)
-    model.forward = timed
     adapter.timed_forward = timed
-
-    def restore_forward() -> None:
-        if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)
-            if prior is None:
-                del model.__dict__["forward"]
-            else:
-                model.__dict__["forward"] = prior
-
-    inst.on_undo(restore_forward)
+    inst.on_undo(_time_forward(model, timed))
     if optimizer is None:
         adapter.data_boundary = _DATA_NEXT_STEP
     else:
