@@ -10,11 +10,13 @@ import json
 import sys
 from pathlib import Path
 
+from ..settings.verdicts import VerdictSettings
 from .compare import compare, gate
 from .compare_text import text
 from .live import fetch_run
 from .noise import SEED, TOLERANCE
 from .record_data import Run, load_run
+from .run_verdicts import run_verdicts
 from .steady import WARMUP_STEPS
 
 
@@ -45,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--tolerance", type=float, default=100 * TOLERANCE, metavar="PCT",
                    help="changes under PCT%% read as within noise (default "
                    f"{100 * TOLERANCE:g})")  # fmt: skip
+    p.add_argument("--verdict", action="append", default=[], metavar="NAME=VALUE",
+                   help="a verdict threshold (docs/compare.md): verdict_drift=0.2")  # fmt: skip
     p.add_argument("--prometheus", metavar="URL", help="A and B are jobs in this Prometheus")
     p.add_argument("--jaeger", metavar="URL", help="with --prometheus: traces from this Jaeger")
     p.add_argument("--last", type=float, default=3600.0, metavar="SECONDS",
@@ -67,6 +71,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         a, b = _load(args, args.a), _load(args, args.b)
         result = compare(a, b, (args.a, args.b), args.warmup, args.seed, args.tolerance / 100)
+        limits = VerdictSettings.resolve(dict(x.partition("=")[::2] for x in args.verdict))
+        result["verdicts"] = {"a": run_verdicts(a, limits, args.warmup),
+                              "b": run_verdicts(b, limits, args.warmup)}  # fmt: skip
         failed = None
         if args.fail_if_slower is not None:
             failed = gate(result, args.metric, args.fail_if_slower)

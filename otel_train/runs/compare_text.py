@@ -58,6 +58,11 @@ def text(result: dict[str, Any]) -> str:
             a, b = goodput["a"].get(k), goodput["b"].get(k)
             lines.append(f"{k:<24}{_value('share', k, a):>12}{_value('share', k, b):>12}")
     lines.append("")
+    for side in ("a", "b"):
+        found = result.get("verdicts", {}).get(side)
+        if found is not None:
+            lines.append(f"verdicts {side.upper()}:")
+            lines += [f"  {line}" for line in found or ["none"]]
     if result["settings"]:
         lines.append("set-up that differs (could explain a change):")
         lines += [f"  {s['name']}: {s['a']} -> {s['b']}" for s in result["settings"]]

@@ -9,10 +9,12 @@ import statistics
 from typing import Any
 
 from .. import contract as c
+from ..settings.verdicts import VerdictSettings
 from . import charts
 from . import figures as f
 from .histogram import Histogram
 from .record_data import RankRecord, Run
+from .run_verdicts import run_verdicts
 from .summary import summary_text
 from .waterfalls import waterfalls
 
@@ -40,8 +42,17 @@ def page_data(run: Run, title: str) -> dict[str, Any]:
         "stragglers": _stragglers(ranks),
         "goodput": _goodput(ranks),
         "waterfalls": waterfalls(ranks, run.others),
-        "summary": summary_text(ranks[0], run.others) if ranks else "",
+        "summary": _summary(run),
     }
+
+
+def _summary(run: Run) -> str:
+    """The first rank's summary, and the run's verdicts (processing/verdicts.py)."""
+    if not run.ranks:
+        return ""
+    found = run_verdicts(run, VerdictSettings.resolve())
+    lines = [summary_text(run.ranks[0], run.others), "verdicts:" if found else ""]
+    return "\n".join([*lines, *(f"  {line}" for line in found)]).rstrip("\n")
 
 
 def _top_phases(ranks: list[RankRecord]) -> list[str]:

@@ -16,6 +16,8 @@ import pytest
 from scratch import job_env
 
 from otel_train.cli import main
+from otel_train.runs.page_data import page_data
+from otel_train.runs.record_data import load_run
 
 JOB = Path(__file__).with_name("compare_job.py")
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "compare.schema.json"
@@ -159,3 +161,23 @@ def test_bad_arguments_are_named(
     assert "accepted step, phase:NAME" in capsys.readouterr().err
     assert main(["compare", runs["base"], str(tmp_path / "none")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_verdicts_of_real_runs_name_the_slow_input(
+    runs: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    quiet = ("--verdict", "verdict_unsteady=1", "--verdict", "verdict_drift=1")
+    _, result, _ = _compare(capsys, runs["base"], runs["slow"], *quiet)
+    (line,) = result["verdicts"]["b"]
+    assert line.startswith("input-bound: steps wait ") and "DataLoader workers" in line
+    stall = _rows(result)["data_stall"]["b_median"]
+    assert f"{100 * stall:.1f}% of their time" in line
+    _, result, _ = _compare(capsys, runs["base"], runs["slow"], *quiet,
+                            "--verdict", "verdict_data_stall=0.999")  # fmt: skip
+    assert result["verdicts"] == {"a": [], "b": []}
+    summary = page_data(load_run(runs["slow"]), "slow")["summary"]
+    assert "\nverdicts:\n  input-bound: steps wait " in summary
+    assert main(["compare", runs["base"], runs["slow"], "--verdict", "verdict_drift=2"]) == 2
+    assert "'verdict_drift' (from --verdict verdict_drift=) must be a number from 0 to 1" in (
+        capsys.readouterr().err
+    )
