@@ -387,6 +387,18 @@ class StepMachine(StepLinks):
         self._orphans.clear()
         self.background_open = 0
 
+    def release_finished(self, gone: bool) -> None:
+        """Every finished step waiting now, released unresolved (another consumer has
+        them); none if ``gone``. The feeder's thread takes from the same queue without
+        the lock: a step is popped before it is looked at, never checked then popped."""
+        pending = self._pending
+        while not gone:
+            try:
+                step = pending.popleft()
+            except IndexError:
+                return
+            self._release_step(step)
+
     def _release_step(self, step: Step) -> None:
         """A step no one will resolve: every event it holds back to the pool."""
         self._release_timing(step)

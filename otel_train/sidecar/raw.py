@@ -254,8 +254,7 @@ class RawHandover:
                 replay(entry)
             self.caught_up += end - start
             start = end
-            while rec._pending and not gone:  # the sidecar's replica has them
-                rec._release_step(rec._pending.popleft())
+            rec.release_finished(gone)  # the sidecar's replica has them
         ring.sides.clear()
         self._sides_told.clear()
         rec.dropped_steps, rec.dropped_phases = dropped
