@@ -28,6 +28,7 @@ from .config import (
     RULE_FILES,
     SERVICES,
     bin_dir,
+    checked_run_dir,
     die,
     host,
     log,
@@ -38,6 +39,7 @@ from .config import (
     render_prometheus_config,
     run_dir,
     state_file,
+    write_private,
 )
 from .services import (
     _http_ok,
@@ -45,11 +47,12 @@ from .services import (
     _port_free,
     _proc_start_time,
     _stop_all,
-    _write_state,
     endpoints,
     is_alive,
     read_state,
+    runs_our_binary,
     service_plan,
+    write_state,
 )
 
 
@@ -66,7 +69,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         alive = {
             n: s
             for n, s in state.get("services", {}).items()
-            if is_alive(s["pid"], s.get("start_time"))
+            if is_alive(s["pid"], s.get("start_time")) and runs_our_binary(s["pid"])
         }
         if (
             alive
@@ -97,8 +100,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if busy:
         die(f"ports already in use on {h}: {', '.join(busy)}")
 
-    rd = run_dir()
-    rd.mkdir(parents=True, exist_ok=True)
+    rd = checked_run_dir(create=True)
+    assert rd is not None
     for data in (rd / "prometheus-data", rd / "thanos-receive-data", rd / "victorialogs-data"):
         if data.exists() and not args.keep_data:
             shutil.rmtree(data)
@@ -155,7 +158,8 @@ def _start_service(
     log_path = rd / f"{name}.log"
     env = dict(os.environ)
     env.update(svc["env"])
-    with open(log_path, "ab") as out, open(os.devnull, "rb") as devnull:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
             svc["cmd"],
             env=env,
@@ -172,7 +176,7 @@ def _start_service(
         if start_time:
             break
         time.sleep(0.01)
-    (rd / f"{name}.pid").write_text(f"{proc.pid}\n")
+    write_private(rd / f"{name}.pid", f"{proc.pid}\n")
     state["services"][name] = {
         "pid": proc.pid,
         "start_time": start_time,
@@ -181,7 +185,7 @@ def _start_service(
         "log": str(log_path),
         "ready": svc["ready"],
     }
-    _write_state(state)
+    write_state(state)
     log(f"started {name} (pid {proc.pid}), log {log_path}")
     pending = list(svc["ready"])
     while pending:
@@ -227,16 +231,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         if not pids:
             log(f"nothing running (no state in {rd})")
             return 0
+        # (without a start time: _stop_pid signals only processes that run our binaries)
         log("no state file; using pid files (cannot check for pid reuse)")
         state = {"services": pids}
-        # Without a start time, only signal processes that run one of our binaries.
-        for name, svc in list(pids.items()):
-            try:
-                exe = os.readlink(f"/proc/{svc['pid']}/exe")
-            except OSError:
-                exe = ""
-            if not exe.startswith(str(bin_dir())):
-                del pids[name]
     left = _stop_all(state, grace=args.grace)
     if left:
         die(f"processes still alive after SIGKILL: {', '.join(left)}")

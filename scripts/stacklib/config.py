@@ -5,11 +5,13 @@ Paths, pinned versions, ports and build stamps: what every other part reads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -122,7 +124,57 @@ def prometheus_config() -> Path:
 
 
 def run_dir() -> Path:
-    return Path(os.environ.get("OTEL_TRAIN_STACK_RUN", "/tmp/otel-train-stack"))
+    """Where pids, state, logs and data go: OTEL_TRAIN_STACK_RUN, else a directory of this
+    user's ($XDG_RUNTIME_DIR/otel-train-stack, else <cache>/run)."""
+    env = os.environ.get("OTEL_TRAIN_STACK_RUN")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "otel-train-stack" if xdg else cache_dir() / "run"
+
+
+def checked_run_dir(create: bool = False) -> Path | None:
+    """The run dir once it is safe to trust (None when absent and not ``create``d): a
+    directory, not a symlink, of this user's, that no one else may write to; made with
+    mode 0700 when ``create``, and one of ours readable by others is closed to 0700.
+    Anything else dies: its state could name any pid and its files could be links."""
+    rd = run_dir()
+    if create:
+        rd.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            rd.mkdir(mode=0o700)
+    try:
+        st = os.lstat(rd)
+    except FileNotFoundError:
+        return None
+    hint = "set OTEL_TRAIN_STACK_RUN to a directory of yours"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        die(f"run dir {rd} is a symlink or not a directory: not using it ({hint})")
+    if st.st_uid != os.getuid():
+        die(
+            f"run dir {rd} belongs to uid {st.st_uid}, not to you ({os.getuid()}): "
+            f"not using it ({hint})"
+        )
+    if st.st_mode & 0o022:
+        die(
+            f"run dir {rd} is writable by others (mode {st.st_mode & 0o777:o}): "
+            f"not using it ({hint})"
+        )
+    if st.st_mode & 0o077:
+        log(f"run dir {rd}: mode {st.st_mode & 0o777:o} -> 700")
+        os.chmod(rd, 0o700)
+    return rd
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` whole (a new file of mode 0600 moved over it): never through a
+    link planted at its name or its temporary name."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    tmp.replace(path)
 
 
 def state_file() -> Path:

@@ -19,6 +19,7 @@ from .config import (
     STOP_ORDER,
     THANOS_REPLICA_LABEL,
     bin_dir,
+    checked_run_dir,
     collector_config,
     host,
     log,
@@ -26,6 +27,7 @@ from .config import (
     prometheus_config_in_run,
     run_dir,
     state_file,
+    write_private,
 )
 
 # ---------------------------------------------------------------------------
@@ -50,6 +52,16 @@ def is_alive(pid: int, start_time: str | None = None) -> bool:
     if now is None:
         return False
     return start_time is None or now == start_time
+
+
+def runs_our_binary(pid: int) -> bool:
+    """Whether `pid` runs one of the binaries in the bin dir: what `up` starts. A state
+    file or pid file can name any pid (and its start time): only these are signalled."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return Path(exe.removesuffix(" (deleted)")).parent == bin_dir().resolve()
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -104,7 +116,6 @@ def service_plan() -> dict[str, dict]:
                 f"--web.listen-address={h}:{p['PROMETHEUS']}",
                 "--web.enable-otlp-receiver",
                 "--enable-feature=exemplar-storage",
-                "--web.enable-lifecycle",
             ],
             "env": {},
             "ports": ["PROMETHEUS"],
@@ -219,16 +230,19 @@ def endpoints() -> dict[str, str]:
 
 
 def read_state() -> dict | None:
+    """The state `up` wrote, from a run dir that passes checked_run_dir (else it dies)."""
+    if checked_run_dir() is None:
+        return None
     try:
-        return json.loads(state_file().read_text())
+        fd = os.open(state_file(), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            return json.loads(f.read())
     except (OSError, ValueError):
         return None
 
 
-def _write_state(state: dict) -> None:
-    tmp = state_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(state_file())
+def write_state(state: dict) -> None:
+    write_private(state_file(), json.dumps(state, indent=2) + "\n")
 
 
 def _log_tail(path: str | Path, n: int = 40) -> str:
@@ -239,8 +253,12 @@ def _log_tail(path: str | Path, n: int = 40) -> str:
 
 
 def _stop_pid(name: str, pid: int, start_time: str | None, grace: float) -> bool:
-    """SIGTERM the process (group), wait, then SIGKILL. True when it is gone."""
+    """SIGTERM the process (group), wait, then SIGKILL. True when it is gone, or when it
+    is not a process of ours (left alone)."""
     if not is_alive(pid, start_time):
+        return True
+    if not runs_our_binary(pid):
+        log(f"{name}: pid {pid} does not run a binary of {bin_dir()}: not signalled")
         return True
 
     def send(sig: int) -> None:

@@ -38,6 +38,36 @@ def load(name: str):
     return yaml.safe_load((DEPLOY / name).read_text())
 
 
+# Every port compose publishes binds here unless OTEL_TRAIN_BIND says otherwise.
+LOOPBACK = "${OTEL_TRAIN_BIND:-127.0.0.1}"
+
+
+def test_compose_publishes_every_port_on_loopback_only():
+    published = {
+        name: svc.get("ports", []) for name, svc in load("compose.yaml")["services"].items()
+    }
+    assert any(published.values())
+    for name, ports in published.items():
+        for port in ports:  # "HOST:PUBLISHED:CONTAINER", HOST the variable above
+            assert port.startswith(f"{LOOPBACK}:") and port.count(":") == 3, (name, port)
+
+
+def test_compose_grafana_lets_anonymous_visitors_look_and_not_change():
+    env = load("compose.yaml")["services"]["grafana"]["environment"]
+    assert env.get("GF_AUTH_ANONYMOUS_ORG_ROLE", "Viewer") == "Viewer"
+    assert str(env.get("GF_AUTH_DISABLE_LOGIN_FORM", "false")).lower() == "false"
+    assert "GF_AUTH_BASIC_ENABLED" not in env and "GF_AUTH_DISABLE_SIGNOUT_MENU" not in env
+
+
+def test_prometheus_runs_without_its_lifecycle_api(stack_module):
+    """No /-/reload or /-/quit for whoever reaches the port: neither in compose nor on
+    the loopback stack (deploy/README.md says how to turn it on deliberately)."""
+    compose = load("compose.yaml")["services"]["prometheus"]["command"]
+    loopback = stack_module.service_plan()["prometheus"]["cmd"]
+    for command in (compose, loopback):
+        assert "--web.enable-lifecycle" not in command
+
+
 def used_component_types(config: dict) -> dict[str, set[str]]:
     """Component types per kind that the collector config defines (`type/name` -> `type`)."""
     return {kind: {key.split("/", 1)[0] for key in (config.get(kind) or {})} for kind in KINDS}
@@ -113,7 +143,7 @@ def test_compose_mounts_the_deploy_configs():
     grafana = sources("grafana")
     assert grafana["../grafana/provisioning"] == "/etc/grafana/provisioning"
     assert "../grafana/dashboards" in grafana
-    published = {p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])}
+    published = {p.rsplit(":", 2)[1] for svc in services.values() for p in svc.get("ports", [])}
     assert {"4317", "4318", "16686", "9090", "9428", "3000"} <= published
     # Grafana installs the VictoriaLogs data source's plugin (its type in provisioning).
     assert services["grafana"]["environment"]["GF_PLUGINS_PREINSTALL"] == (
@@ -136,7 +166,7 @@ def test_compose_runs_victorialogs_as_the_loopback_stack_does(stack_module):
     (volume,) = svc["volumes"]
     assert volume.split(":")[1] == compose_flags["-storageDataPath"]
     port = compose_flags["-httpListenAddr"].rsplit(":", 1)[1]
-    assert f"{port}:{port}" in svc["ports"]
+    assert f"{LOOPBACK}:{port}:{port}" in svc["ports"]
     exporter = load("otel-collector.yaml")["exporters"]["otlp_http/victorialogs"]["endpoint"]
     assert exporter.endswith(f":-http://victorialogs:{port}/insert/opentelemetry}}")
 
@@ -164,7 +194,7 @@ def test_compose_runs_thanos_as_the_loopback_stack_does(stack_module):
     query = dict(a.split("=", 1) for a in services["thanos-query"]["command"][1:])
     (endpoint,) = yaml.safe_load(query["--endpoint.sd-config"])["endpoints"]
     assert endpoint["address"] == receive["--grpc-address"]
-    published = {p.split(":")[0] for p in services["prometheus"]["ports"]}
+    published = {p.rsplit(":", 2)[1] for p in services["prometheus"]["ports"]}
     assert query["--http-address"].rsplit(":", 1)[1] in published
 
 
