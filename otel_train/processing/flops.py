@@ -14,6 +14,12 @@ matmuls ran in; after the step, that dtype and PyTorch's precision settings
 (recording/precision.py) label the FLOPs, which picks the peak MFU is measured against
 ("mixed" when no precision holds nine tenths of them: no MFU).
 
+Nothing of the count raises into the user's operators: higher-order operators
+(``torch.cond``, eager ``flex_attention``) pass through the dtype mode to the counter,
+which counts them; an error in the dtype noting or in one of torch's FLOP formulas is
+kept, the formula counts 0, and the step ends the count without a result (logged once,
+no more counts). What the operators themselves raise passes through unchanged.
+
 Usage (what the efficiency tracker and the recorder do)::
 
     probe = FlopProbe(recorder, first_index=1)
@@ -60,16 +66,29 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
     the step (:meth:`dominant`), because PyTorch's precision getters can raise, and an
     error inside ``__torch_dispatch__`` would come out of the user's own operator."""
 
+    # Higher-order operators (torch.cond, eager flex_attention) come here too, and go on
+    # to the counter below, which counts them; a mode without this makes them raise.
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # (operator packet, input dtype or None for fp8 scaled matmuls, is a convolution)
         self.calls: collections.Counter[tuple[Any, Any, bool]] = collections.Counter()
+        self.error: Exception | None = None  # the count's own first error: no result
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        packet = func.overloadpacket
-        name = packet.__name__
+        if self.error is None:
+            try:
+                self._note(func, args)
+            except Exception as err:
+                self.error = err
+        return func(*args, **(kwargs or {}))
+
+    def _note(self, func: Any, args: tuple[Any, ...]) -> None:
+        packet = getattr(func, "overloadpacket", None)  # (None: a higher-order operator)
+        name = packet.__name__ if packet is not None else ""
         if name in _MATMUL_NAMES:
             if name == "_scaled_mm":
                 self.calls[(packet, None, False)] += 1
@@ -78,7 +97,20 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
                     if isinstance(a, torch.Tensor) and a.is_floating_point():
                         self.calls[(packet, a.dtype, name == "convolution")] += 1
                         break
-        return func(*args, **(kwargs or {}))
+
+    def guarded(self, formula: Callable[..., int]) -> Callable[..., int]:
+        """``formula`` (one of torch's FLOP formulas, called as the counter calls them)
+        counting 0 instead of raising into the operator; its error is kept here."""
+
+        def formula_or_zero(*args: Any, **kwargs: Any) -> int:
+            if self.error is None:
+                try:
+                    return formula(*args, **kwargs)
+                except Exception as err:
+                    self.error = err
+            return 0
+
+        return formula_or_zero
 
     def dominant(self, flops_by_op: dict[Any, int]) -> str:
         """The precision holding most of the step's counted FLOPs (precision.dominant();
@@ -113,11 +145,19 @@ class _GlobalOnly:
         return None
 
 
-def _counter_without_module_hooks(mode_cls: Any) -> Any:
-    counter = mode_cls(display=False)
+def _counting_modes() -> tuple[Any, _MatmulDtypes]:
+    """torch's FLOP counter, without its module hooks and with its formulas guarded, and
+    the dtype mode beside it (entered in that order)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dtypes = _MatmulDtypes()
+    counter: Any = FlopCounterMode(display=False)
     if hasattr(counter, "mod_tracker"):
         counter.mod_tracker = _GlobalOnly()
-    return counter
+    registry = getattr(counter, "flop_registry", None)  # (what the counter calls per op)
+    if isinstance(registry, dict):
+        counter.flop_registry = {op: dtypes.guarded(f) for op, f in registry.items()}
+    return counter, dtypes
 
 
 class FlopProbe:
@@ -139,6 +179,7 @@ class FlopProbe:
         self._misses = 0
         self.failed = False
         self._aborted = False
+        self._step_error: Exception | None = None  # what the last count's modes kept
 
     @property
     def armed(self) -> bool:
@@ -174,10 +215,7 @@ class FlopProbe:
                 return
             if self._counter is not None:
                 self._stop()  # the step being counted was discarded (an exhausted loader)
-            from torch.utils.flop_counter import FlopCounterMode
-
-            counter = _counter_without_module_hooks(FlopCounterMode)
-            dtypes = _MatmulDtypes()
+            counter, dtypes = _counting_modes()
             counter.__enter__()
             try:
                 dtypes.__enter__()  # type: ignore[no-untyped-call]
@@ -194,6 +232,9 @@ class FlopProbe:
             return
         try:
             flops, dtype = self._stop()
+            if self._step_error is not None:
+                self._fail(self._step_error)
+                return
             self.counted_steps += 1
             seconds = max(0, t1 - step.t0) / 1e9
             result = CountResult(index=step.index, samples=step.samples, tokens=step.tokens,
@@ -237,8 +278,10 @@ class FlopProbe:
     def _stop(self) -> tuple[int, str]:
         counter, dtypes = self._counter, self._dtypes
         self._counter = self._dtypes = self._step = None
+        self._step_error = None
         if counter is None or dtypes is None:
             return 0, ""
+        self._step_error = dtypes.error
         if threading.get_ident() != self._thread:
             # Dispatch modes are per thread: this one cannot be popped from here.
             raise RuntimeError("a counted step ended on another thread than it began")
@@ -246,24 +289,25 @@ class FlopProbe:
         counter.__exit__(None, None, None)
         return int(counter.get_total_flops()), dtypes.dominant(_global_counts(counter))
 
-    def _fail(self) -> None:
+    def _fail(self, error: BaseException | None = None) -> None:
+        """No count from now on; logged with ``error``, else the exception being handled."""
         self.failed = True
         self.disarm()
         self._counter = self._dtypes = self._step = None
-        _log.exception("otel-train: counting FLOPs failed; FLOP counting disabled")
+        _log.error("otel-train: counting FLOPs failed; FLOP counting disabled",
+                   exc_info=error or True)  # fmt: skip
 
 
 def count_flops(fn: Any, *args: Any, **kwargs: Any) -> tuple[int, str, float]:
     """FLOPs, matmul dtype and wall seconds of one call of ``fn`` (a helper for tests and
     benchmarks; training steps are counted by :class:`FlopProbe`)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = _counter_without_module_hooks(FlopCounterMode)
-    dtypes = _MatmulDtypes()
+    counter, dtypes = _counting_modes()
     t0 = perf_counter_ns()
     with counter, dtypes:
         fn(*args, **kwargs)
     seconds = (perf_counter_ns() - t0) / 1e9
+    if dtypes.error is not None:
+        raise dtypes.error
     return int(counter.get_total_flops()), dtypes.dominant(_global_counts(counter)), seconds
 
 
