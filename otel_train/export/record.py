@@ -11,6 +11,16 @@ the training thread. Each file has a share of ``run_record_mb``: past a part's s
 is renamed ``.1.jsonl`` (older parts shift, the oldest is deleted), so a directory never
 grows past its cap. A write that fails (a full disk) drops that batch, counts it in
 ``otel_train.dropped{reason="run_record"}`` and warns once; later batches try again.
+
+The run directory is its owner's: created with mode 0700 (files 0600; a umask can only
+take more away), so another user on a shared ``run_dir`` can neither read the record nor
+plant files in it. It is created exclusively: a process of its own (no run id, no
+launcher) takes ``<name>-2``, ``-3``, ... when its name is taken; the processes of one
+run (ranks under a launcher, a run id) share it, and a rank takes an existing one only
+when it is a directory of this user that no one else can write to; otherwise the run
+records nothing and says why once. Files are created with ``O_EXCL | O_NOFOLLOW`` (a
+file of that name already there, from an earlier start under the same run id, is first
+rotated away as an older part: a planted symbolic link is moved, never followed).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import base64
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -35,6 +46,9 @@ from ..settings import Settings
 
 _log = logging.getLogger("otel_train")
 
+DIRECTORY_MODE = 0o700  # the run directory's (before the umask), its files': FILE_MODE
+FILE_MODE = 0o600
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
 RECORD_INTERVAL_S = 5.0  # metric snapshots in the record (at most the export interval)
 KEEP_PARTS = 3  # rotated parts kept per file besides the current one
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
@@ -58,11 +72,52 @@ class RecordPlan:
 
 
 def plan(settings: Settings, service_name: str) -> RecordPlan | None:
+    """Where this process records, its directory made (None: no record; said why)."""
     if settings.run_dir == "off":
         return None
+    shared = run_id() is not None or local_rank() is not None
     name = directory_name(service_name, run_id() or _start_stamp())
-    directory = os.path.abspath(os.path.join(settings.run_dir, name))
+    try:
+        directory = make_run_directory(settings.run_dir, name, shared)
+    except OSError as err:
+        _log.warning("otel-train: no run record: %s; training goes on", err)
+        return None
     return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024)
+
+
+def make_run_directory(run_dir: str, name: str, shared: bool) -> str:
+    """The run's directory ``run_dir/name``, created exclusively with DIRECTORY_MODE.
+    ``shared`` (the processes of one run write there): an existing one is taken when it
+    is this user's own directory that no one else can write to; else a taken name gets
+    ``-2``, ``-3``, ...; OSError says why none could be had."""
+    os.makedirs(run_dir, exist_ok=True)
+    for n in range(1, 100):
+        path = os.path.abspath(os.path.join(run_dir, name if n == 1 else f"{name}-{n}"))
+        try:
+            os.mkdir(path, DIRECTORY_MODE)
+            return path
+        except FileExistsError:
+            if not shared:
+                continue
+            problem = _not_own_directory(path)
+            if problem:
+                raise OSError(f"{path} exists and {problem}") from None
+            return path
+    raise OSError(f"{name} and its next 98 numbered names in {run_dir} are taken")
+
+
+def _not_own_directory(path: str) -> str:
+    """Why ``path`` is no directory of this user's that only they can write to ('': it is)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"others can write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
 
 
 def directory_name(service_name: str, run: str) -> str:
@@ -96,7 +151,8 @@ def _process_start(pid: int) -> float | None:
 
 
 class RecordFile:
-    """One JSON Lines file with its size cap and rotation; thread-safe."""
+    """One JSON Lines file with its size cap and rotation; thread-safe. Opened at its
+    first write, created exclusively (module docstring)."""
 
     def __init__(self, directory: Path, prefix: str, kind: str, part_bytes: int) -> None:
         self._names = (directory, prefix, kind)
@@ -105,18 +161,21 @@ class RecordFile:
         self.dropped = 0  # batches (spans or metric points) not written
         self._warned = False
         self._lock = threading.Lock()
-        self._size = self.path.stat().st_size if self.path.exists() else 0
+        self._fd: int | None = None
+        self._closed = False
+        self._size = 0
 
     def write(self, line: str, items: int) -> bool:
         data = line.encode()
         with self._lock:
+            if self._closed:
+                self.dropped += items
+                return False
             try:
-                if self._size and self._size + len(data) > self.part_bytes:
+                if self._fd is not None and self._size and self._size + len(data) > self.part_bytes:
                     self._rotate()
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "ab") as f:
-                    f.write(data)
-                self._size += len(data)
+                fd = self._fd if self._fd is not None else self._open()
+                self._write_all(fd, data)
                 return True
             except OSError as err:
                 self.dropped += items
@@ -131,7 +190,34 @@ class RecordFile:
                     )
                 return False
 
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _open(self) -> int:
+        """The current part, created exclusively; one already there is rotated away."""
+        if os.path.lexists(self.path):
+            self._rotate()
+        self._fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
+        self._size = 0
+        return self._fd
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            self._size += n
+            view = view[n:]
+
     def _rotate(self) -> None:
+        """The current part becomes part 1 (older parts shift; the oldest is deleted).
+        Renames and unlinks act on names: a symbolic link is moved, not followed."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         directory, prefix, kind = self._names
 
         def part(i: int) -> Path:
@@ -139,7 +225,7 @@ class RecordFile:
 
         part(KEEP_PARTS).unlink(missing_ok=True)
         for i in range(KEEP_PARTS - 1, 0, -1):
-            if part(i).exists():
+            if os.path.lexists(part(i)):
                 part(i).rename(part(i + 1))
         self.path.rename(part(1))
         self._size = 0
@@ -197,7 +283,7 @@ class RecordSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
-        return None
+        self.file.close()
 
 
 class RecordMetricExporter(MetricExporter):
@@ -226,7 +312,7 @@ class RecordMetricExporter(MetricExporter):
         return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
+        self.file.close()
 
 
 def _points(metrics_data: Any) -> int:

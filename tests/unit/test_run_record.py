@@ -17,7 +17,9 @@ from scratch import job_env
 import otel_train
 from otel_train import contract as c
 from otel_train import session as session_mod
+from otel_train.export import record
 from otel_train.export.record import KEEP_PARTS, RecordFile
+from otel_train.settings import Settings
 
 JOB = textwrap.dedent("""
     import sys, torch, otel_train
@@ -74,6 +76,11 @@ def test_a_run_writes_otlp_json_lines_and_says_where(tmp_path: Path) -> None:
     (point,) = points[c.STEPS.name]["sum"]["dataPoints"]
     assert float(point.get("asInt", point.get("asDouble", 0))) == 16
     assert f"otel-train: run record in {run}" in job.stderr  # at start
+    umask = os.umask(0)
+    os.umask(umask)
+    assert run.stat().st_mode & 0o777 == record.DIRECTORY_MODE & ~umask == 0o700 & ~umask
+    for f in run.iterdir():
+        assert f.stat().st_mode & 0o777 == record.FILE_MODE == 0o600
     assert f"(report: otel-train report {run})" in job.stderr  # at the summary's end
 
 
@@ -126,38 +133,48 @@ def test_rotation_keeps_the_file_set_under_its_cap(tmp_path: Path) -> None:
     assert f.dropped == 0
 
 
-def test_a_full_disk_drops_counts_and_warns_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+FAILING_WRITES = textwrap.dedent("""
+    import resource, signal, sys
+    from pathlib import Path
+    from otel_train.export.record import RecordFile
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (EFBIG instead of the signal)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    f = RecordFile(Path(sys.argv[1]), "rank0", "traces", part_bytes=10**6)
+    print(f.write("{}\\n", 3), f.write("{}\\n", 2), f.dropped)
+""")
+
+
+def test_a_failing_write_drops_counts_and_warns_once(tmp_path: Path) -> None:
+    """Every write fails (a file size limit of 0: EFBIG, as a full disk gives ENOSPC):
+    both batches are counted as dropped, with one warning."""
+    done = subprocess.run([sys.executable, "-c", FAILING_WRITES, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "5"]
+    assert done.stderr.count("writing the run record") == 1, done.stderr
+
+
+def test_training_goes_on_when_the_record_cannot_be_written_and_drops_are_counted(
+    tmp_path: Path,
 ) -> None:
-    (tmp_path / "rank0.traces.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
-    f = RecordFile(tmp_path, "rank0", "traces", part_bytes=10**6)
-    with caplog.at_level(logging.WARNING, logger="otel_train"):
-        assert not f.write("{}\n", 3)
-        assert not f.write("{}\n", 2)
-    assert f.dropped == 5
-    assert sum("writing the run record" in r.getMessage() for r in caplog.records) == 1
-
-
-def test_training_goes_on_with_the_disk_full_and_the_drops_are_counted(tmp_path: Path) -> None:
-    """The real sidecar writes the record; with every write failing, training runs to
-    the end and otel_train.dropped{reason=run_record} counts what was lost."""
-    stamp = "full"
+    """The real sidecar writes the record; with its directory removed after start (every
+    file it opens fails), training runs to the end and
+    otel_train.dropped{reason=run_record} counts what was lost."""
+    stamp = "gone"
     run = tmp_path / f"otel-train-{stamp}"
-    run.mkdir()
-    for kind in ("traces", "metrics"):
-        (run / f"rank0.{kind}.jsonl").symlink_to("/dev/full")
     os.environ["OTEL_TRAIN_RUN_ID"] = stamp
     try:
         model = torch_model()
         otel_train.configure(run_dir=str(tmp_path), prometheus=False, console="off",
                              trace_steps="all", service_name="otel-train")  # fmt: skip
+        sess = session_mod.current()
+        assert sess is not None and sess.record is not None
+        assert sess.record.directory == str(run) and sess.feeder is not None
+        run.rmdir()  # (empty: files are opened at their first write)
         for _ in range(8):
             with otel_train.step(samples=1), otel_train.phase("forward"):
                 model(model.weight.new_ones(1, 4))
         assert otel_train.flush(timeout=10)
-        sess = session_mod.current()
-        assert sess is not None and sess.record is not None
-        assert sess.record.directory == str(run)
         drops = sess.export_drops()
     finally:
         del os.environ["OTEL_TRAIN_RUN_ID"]
@@ -198,3 +215,74 @@ def test_report_serve_rebuilds_the_page_at_each_load(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_planted_symlink_in_the_run_directory_is_moved_not_followed(tmp_path: Path) -> None:
+    """The run's directory exists (this user's: a rank of the same run id started
+    before) with rank0.traces.jsonl a symbolic link to another file: the job writes a
+    new file of its own, the link is kept as an older part, and the file it named is
+    untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run = tmp_path / "runs" / "planted-link"
+    run.mkdir(parents=True, mode=0o700)
+    (run / "rank0.traces.jsonl").symlink_to(victim)
+    job = _run(tmp_path, OTEL_SERVICE_NAME="planted", OTEL_TRAIN_RUN_ID="link")
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert victim.read_text() == "precious\n"
+    current = run / "rank0.traces.jsonl"
+    assert not current.is_symlink() and current.stat().st_mode & 0o777 == 0o600
+    assert _lines(current)[0]["resourceSpans"]
+    assert (run / "rank0.traces.1.jsonl").readlink() == victim
+
+
+def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_id: str | None) -> object:
+    for name in ("OTEL_TRAIN_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME",
+                 "LOCAL_RANK"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    if run_id is not None:
+        monkeypatch.setenv("OTEL_TRAIN_RUN_ID", run_id)
+    return record.plan(Settings.resolve({"run_dir": str(tmp_path)}, environ={}), "svc")
+
+
+def test_a_run_directory_that_is_a_symlink_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "svc-r1").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        assert _plan(tmp_path, monkeypatch, "r1") is None
+    assert "svc-r1 exists and is a symbolic link" in caplog.text
+
+
+def test_a_run_directory_others_can_write_to_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = tmp_path / "svc-r2"
+    shared.mkdir()
+    shared.chmod(0o777)  # (made by someone else for everyone: a planted directory)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        assert _plan(tmp_path, monkeypatch, "r2") is None
+    assert "svc-r2 exists and others can write to it (mode 777)" in caplog.text
+
+
+def test_a_run_of_the_same_run_id_shares_its_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks of one run share the directory the first of them made."""
+    first, second = _plan(tmp_path, monkeypatch, "r3"), _plan(tmp_path, monkeypatch, "r3")
+    assert first is not None and second is not None
+    assert first.directory == second.directory == str(tmp_path / "svc-r3")  # type: ignore[attr-defined]
+
+
+def test_a_lone_process_never_reuses_an_existing_directory(tmp_path: Path) -> None:
+    """No run id, no launcher: the directory is made exclusively; a name taken (another
+    run started in the same second, or a planted directory) gets the next number."""
+    made = [record.make_run_directory(str(tmp_path), "svc-20260101T000000Z", shared=False)
+            for _ in range(3)]  # fmt: skip
+    assert [Path(m).name for m in made] == [
+        "svc-20260101T000000Z", "svc-20260101T000000Z-2", "svc-20260101T000000Z-3"]  # fmt: skip
+    (tmp_path / "svc-20260101T000001Z").symlink_to(tmp_path / "nowhere")
+    taken = record.make_run_directory(str(tmp_path), "svc-20260101T000001Z", shared=False)
+    assert Path(taken).name == "svc-20260101T000001Z-2" and not Path(taken).is_symlink()
