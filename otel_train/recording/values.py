@@ -79,6 +79,10 @@ def raw_scalar(value: Any, events: EventPool) -> Any:
     if type(value) is float:
         return value
     if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and hasattr(value, "placements"):
+            value = _replicated_local(value)  # a DTensor (tensor parallelism's loss)
+            if value is None:
+                return None
         if value.numel() != 1 or value.is_complex() or value.is_meta:
             return None
         t = value.detach()
@@ -95,6 +99,29 @@ def raw_scalar(value: Any, events: EventPool) -> Any:
         return float(value)
     except Exception:  # complex, huge ints, strings: not a scalar we can chart
         return None
+
+
+def _replicated_local(value: Any) -> Any:
+    """A DTensor's local tensor where every rank holds the whole value (``Replicate``, as
+    ``loss_parallel``'s loss), else None: a pending sum (``Partial``) or a shard is read
+    only through a collective, which telemetry never starts (said once)."""
+    try:
+        if all(p.is_replicate() for p in value.placements):
+            return value.to_local()
+    except Exception:
+        pass
+    if not _across_said:
+        _across_said.append(True)
+        logging.getLogger("otel_train").warning(
+            "otel-train: a DTensor scalar whose value lies across ranks (placements %s) is "
+            "not recorded: reading it takes a collective; record loss.full_tensor() to "
+            "record it (said once)",
+            getattr(value, "placements", "?"),
+        )
+    return None
+
+
+_across_said: list[bool] = []  # (a process says it once)
 
 
 def add_count(total: int | None, more: int | None) -> int | None:

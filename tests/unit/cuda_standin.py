@@ -202,6 +202,28 @@ def _synchronize(*args: Any) -> None:
     raise AssertionError("torch.cuda.synchronize() was called")
 
 
+class CudaLike(torch.Tensor):
+    """A CPU tensor that says it lives on CUDA (what raw_scalar copies without a sync)."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def cuda_scalar(value: float) -> torch.Tensor:
+    return torch.tensor(value).as_subclass(CudaLike)
+
+
+def pinned_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned host memory needs a driver: an ordinary tensor stands in for it."""
+    empty = torch.empty
+
+    def empty_unpinned(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty_unpinned)
+
+
 @contextlib.contextmanager
 def installed(monkeypatch: pytest.MonkeyPatch, devices: int = 2) -> Iterator[Runtime]:
     """Install the stand-in runtime into ``torch.cuda`` for the test's duration."""

@@ -13,6 +13,7 @@ from typing import Any
 import cuda_standin
 import pytest
 import torch
+from cuda_standin import cuda_scalar, pinned_on_cpu
 from otel_helpers import providers, step_spans, value
 
 import otel_train
@@ -227,13 +228,13 @@ def test_a_cuda_scalar_with_device_timing_off_is_read_only_once_copied(
     rt: cuda_standin.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Item 9 (thread path): the step waits for its scalar's copy event."""
-    _pinned_on_cpu(monkeypatch)
+    pinned_on_cpu(monkeypatch)
     rt.auto_complete = False
     tel = InMemoryTelemetry()
     session = _start(tel, device_timing="off")
     for v in (4.35, 2.5):
         with otel_train.step():
-            otel_train.record(loss=_cuda_scalar(v))
+            otel_train.record(loss=cuda_scalar(v))
     session.worker.process()
     assert not step_spans(tel.spans()), "a step was taken before its scalar's copy landed"
     rt.complete()
@@ -242,28 +243,6 @@ def test_a_cuda_scalar_with_device_timing_off_is_read_only_once_copied(
     assert value(tel, c.SCALAR.name, name="loss") == pytest.approx(2.5)
     # The copies' events went back to the pool (values.raw_scalar's were never released).
     assert {id(e) for e in session.recorder.events._free} == {id(e) for e in rt.events}
-
-
-class _CudaLike(torch.Tensor):
-    """A CPU tensor that says it lives on CUDA (what raw_scalar copies without a sync)."""
-
-    @property
-    def is_cuda(self) -> bool:  # type: ignore[override]
-        return True
-
-
-def _cuda_scalar(value: float) -> torch.Tensor:
-    return torch.tensor(value).as_subclass(_CudaLike)
-
-
-def _pinned_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pinned host memory needs a driver: an ordinary tensor stands in for it."""
-    empty = torch.empty
-
-    def empty_unpinned(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        return empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", empty_unpinned)
 
 
 def test_peaks_of_a_phase_survive_another_threads_boundary(rt: cuda_standin.Runtime) -> None:
@@ -297,7 +276,7 @@ def test_a_cuda_scalar_reaches_the_sidecar_with_device_timing_off(
 
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
-    _pinned_on_cpu(monkeypatch)
+    pinned_on_cpu(monkeypatch)
     otel_train.configure(device_timing="off", flops_per_step=1e6, prometheus_port=0,
                          console="off")  # fmt: skip
     session = otel_train.session.current()
@@ -309,7 +288,7 @@ def test_a_cuda_scalar_reaches_the_sidecar_with_device_timing_off(
     rt.auto_complete = False  # the copies land later
     for v in (4.35, 2.5):
         with otel_train.step():
-            session.recorder.record_scalars({"loss": _cuda_scalar(v)})  # (as adapters do)
+            session.recorder.record_scalars({"loss": cuda_scalar(v)})  # (as adapters do)
     otel_train.flush()
     assert session.recorder.enabled, "recording switched itself off"
     address = session.prometheus_address
