@@ -33,6 +33,7 @@ from .recording.device import now_offset_ns
 from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
 from .settings import ConfigError, Settings
+from .settings.verdicts import VerdictSettings
 from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
 from .wiring import build_consumer, prints_console
@@ -346,6 +347,7 @@ def get_or_create(
     global _current, _stopped
     with _lock:
         settings = Settings.resolve(overrides or {})
+        VerdictSettings.resolve()  # its OTEL_TRAIN_VERDICT_* variables, checked now
         session = _current
         explicit = origin != BARE_CALL
         if session is not None and not session.closed:

@@ -29,6 +29,7 @@ from .processing.sampling import StepSampler
 from .processing.spans import SpanEmitter
 from .processing.worker import Worker
 from .settings import Settings
+from .settings.verdicts import VerdictSettings
 
 _PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
 
@@ -109,7 +110,9 @@ def _console(
         return ConsoleReporter(settings.console_every, "off")
     several = (world_size() or 1) > 1 or rank != 0
     label = f"rank {rank}" if settings.console_ranks == "all" and several else ""
-    return ConsoleReporter(settings.console_every, settings.console, efficiency, label, record_dir)
+    limits = VerdictSettings.resolve()  # (checked at configure time: session.py)
+    return ConsoleReporter(settings.console_every, settings.console, efficiency, label,
+                           record_dir, limits)  # fmt: skip
 
 
 def prints_console(settings: Settings, rank: int) -> bool:

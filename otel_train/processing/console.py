@@ -70,6 +70,7 @@ class ConsoleReporter:
         efficiency: Any = None,
         label: str = "",
         record_dir: str | None = None,
+        verdict_limits: Any = None,
     ) -> None:
         """``efficiency``: the efficiency.EfficiencyTracker whose figures the tables and
         the summary show, when there is one; ``label``: what names this process in each
@@ -77,6 +78,7 @@ class ConsoleReporter:
         record's directory, named at the end of the summary."""
         self.every = every
         self.record_dir = record_dir
+        self.verdict_limits = verdict_limits  # settings.verdicts.VerdictSettings, or none
         self._head = f"otel-train [{label}]" if label else "otel-train"
         self._stream_name = stream
         # Where the text goes instead of the stream when set: the sidecar's hands it to
@@ -315,7 +317,20 @@ class ConsoleReporter:
                 f"{name:<24}{fmt_seconds(t.seconds):>12}{_pct(100.0 * t.seconds / wall, t):>9}"
                 f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + self._verdicts())
+
+    def _verdicts(self) -> list[str]:
+        """The verdicts (verdicts.py) the summary's own figures decide: input-bound and
+        collectives; the run record's (otel-train compare, the report) have them all."""
+        if self.verdict_limits is None:
+            return []
+        from .verdicts import Figures, verdicts
+
+        eff, steps = self.efficiency, self.run_step_seconds
+        stall = eff.data_total / eff.step_total if eff and eff.step_total > 0 else None
+        waits = self.run_wait / steps if self.run_wait > 0 and steps > 0 else None
+        found = verdicts(Figures(data_stall=stall, collective_share=waits), self.verdict_limits)
+        return [f"verdict: {line}" for line in found]
 
     def print_summary(self) -> None:
         out = self.stream

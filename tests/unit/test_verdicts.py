@@ -3,7 +3,13 @@ the thresholds checked as settings are."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
+from scratch import job_env
 
 from otel_train.processing.verdicts import Figures, verdicts
 from otel_train.settings import ConfigError
@@ -90,3 +96,26 @@ def test_thresholds_are_settings() -> None:
     with pytest.raises(ConfigError, match=r"unknown verdict setting.*accepted: verdict_data_stall"):
         VerdictSettings.resolve({"verdict_stall": 0.1})
     assert "| `verdict_memory` | `OTEL_TRAIN_VERDICT_MEMORY` | `0.9` |" in verdict_table()
+
+
+def _job(*env: tuple[str, str]) -> subprocess.CompletedProcess[str]:
+    job = Path(__file__).with_name("compare_job.py")
+    with tempfile.TemporaryDirectory() as runs:
+        return subprocess.run([sys.executable, str(job), runs, "--delay", "0.002", "--steps", "12"],
+                              env={**job_env(), **dict(env)}, capture_output=True, text=True,
+                              timeout=180)  # fmt: skip
+
+
+def test_the_run_summary_prints_the_verdicts_and_their_settings_are_checked_at_start() -> None:
+    slow = _job()
+    assert slow.returncode == 0, slow.stderr[-2000:]
+    assert "verdict: input-bound: steps wait " in slow.stderr  # 16 ms a step for its batch
+    quiet = _job(("OTEL_TRAIN_VERDICT_DATA_STALL", "0.999"))
+    assert quiet.returncode == 0 and "run summary" in quiet.stderr
+    assert "verdict:" not in quiet.stderr
+    bad = _job(("OTEL_TRAIN_VERDICT_DATA_STALL", "2"))
+    assert bad.returncode != 0 and "run summary" not in bad.stderr
+    said = "otel_train setting 'verdict_data_stall' (from environment variable "
+    assert (
+        said + "OTEL_TRAIN_VERDICT_DATA_STALL) must be a number from 0 to 1; got '2'" in bad.stderr
+    )
