@@ -3,6 +3,7 @@ the thresholds checked as settings are."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,3 +120,11 @@ def test_the_run_summary_prints_the_verdicts_and_their_settings_are_checked_at_s
     assert (
         said + "OTEL_TRAIN_VERDICT_DATA_STALL) must be a number from 0 to 1; got '2'" in bad.stderr
     )
+
+
+def test_docs_thresholds_table_is_the_settings_rendered() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text()
+    pattern = r"<!-- verdict-table:start -->\n(.*?)\n<!-- verdict-table:end -->"
+    block = re.search(pattern, text, re.S)
+    assert block is not None, "docs/compare.md lost its verdict-table markers"
+    assert block.group(1) == verdict_table()
