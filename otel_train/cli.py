@@ -196,13 +196,16 @@ def _report(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         p.error("--jaeger and --job go with --prometheus")
     if args.prometheus is not None and not args.job:
         p.error("--prometheus needs --job (the job label: the service name)")
+    if args.against is not None and (args.run_dir is None or args.serve):
+        p.error("--against goes with a run directory, written (not --serve)")
 
     def live(refresh_s: int | None = None) -> str:
         return report.render_live(args.prometheus, args.jaeger, args.job, args.last, refresh_s)
 
     try:
         if not args.serve and args.run_dir is not None:
-            print(f"otel-train report: wrote {report.write(args.run_dir, args.output)}")
+            done = report.write(args.run_dir, args.output, against=args.against)
+            print(f"otel-train report: wrote {done}")
             return 0
         if not args.serve:
             out = Path(args.output or f"report-{args.job.replace('/', '_')}.html")
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None,
                    help="default RUN_DIR/report.html (live: report-<job>.html)")  # fmt: skip
     p.add_argument("--serve", action="store_true", help="serve it on 127.0.0.1 instead")
+    p.add_argument("--against", metavar="RUN_DIR", help="add a section comparing it with this run")
     p.add_argument("--port", type=int, default=8150, help="with --serve (0: any free port)")
     p.add_argument("--prometheus", metavar="URL", help="read JOB from this Prometheus instead")
     p.add_argument("--jaeger", metavar="URL", help="with --prometheus: traces from this Jaeger")

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .against import against_data
 from .live import fetch_run
 from .page_data import page_data
 from .record_data import Run, load_run
@@ -49,10 +50,13 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
 
 
-def page(run: Run, name: str, refresh_s: int | None = None, source: str = "") -> str:
+def page(run: Run, name: str, refresh_s: int | None = None, source: str = "",
+         against: dict[str, Any] | None = None) -> str:  # fmt: skip
     """The page of ``run`` (``name``: its run directory's, or the job's; ``refresh_s``:
-    reload itself that often; ``source``: where the data came from, for the header)."""
+    reload itself that often; ``source``: where the data came from, for the header;
+    ``against``: the comparison section's data, against.py)."""
     data = page_data(run, name)
+    data["against"] = against
     title = html.escape(f"otel-train report: {name}")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     records = [*run.ranks, *run.others]
@@ -75,10 +79,16 @@ def page(run: Run, name: str, refresh_s: int | None = None, source: str = "") ->
     )
 
 
-def render(run_dir: str | Path, refresh_s: int | None = None) -> str:
-    """The page for ``run_dir`` and the run's other processes recorded beside it."""
-    run = Path(run_dir)
-    return page(load_run(run), run.name, refresh_s)
+def render(run_dir: str | Path, refresh_s: int | None = None,
+           against: str | Path | None = None) -> str:  # fmt: skip
+    """The page for ``run_dir`` and the run's other processes recorded beside it; with
+    ``against`` (another run directory), a section comparing the two."""
+    run, loaded = Path(run_dir), load_run(run_dir)
+    other = None
+    if against is not None:
+        names = (run.name, Path(against).name)
+        other = against_data(loaded, load_run(against), names)
+    return page(loaded, run.name, refresh_s, against=other)
 
 
 def render_live(prometheus: str, jaeger: str | None, job: str, seconds: float,
@@ -89,10 +99,11 @@ def render_live(prometheus: str, jaeger: str | None, job: str, seconds: float,
     return page(run, job, refresh_s, source=f"{source}, the last {seconds:g} s: ")
 
 
-def write(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def write(run_dir: str | Path, out: str | Path | None = None,
+          against: str | Path | None = None) -> Path:  # fmt: skip
     """Write the page (default ``RUN_DIR/report.html``); returns its path."""
     target = Path(out) if out is not None else Path(run_dir) / "report.html"
-    target.write_text(render(run_dir), encoding="utf-8")
+    target.write_text(render(run_dir, against=against), encoding="utf-8")
     return target
 
 

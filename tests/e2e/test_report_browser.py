@@ -347,3 +347,72 @@ def test_hostile_names_show_as_text(tmp_path: Path) -> None:
     for name in HOSTILE:
         assert name in shown["summary"], name
         assert shown["rows"].count(name) == 12, (name, shown["rows"][:6])  # each traced step
+
+
+AGAINST = """
+    const c = window.otelTrainReport.data.against, box = document.getElementById('against');
+    const rows = Array.from(box.querySelectorAll('.cmp-row')).map(row => ({
+        name: row.querySelector('.fig-name').textContent,
+        a: row.querySelector('.cmp-a').getBoundingClientRect().width,
+        b: row.querySelector('.cmp-b').getBoundingClientRect().width,
+        lane: row.querySelector('.cmp-lane').getBoundingClientRect().width,
+        text: row.querySelector('.cmp-value').textContent}));
+    return {title: box.querySelector('h3').textContent, rows: rows, data: c};"""
+
+
+def test_the_report_against_another_run_draws_both_runs_phase_bars(tmp_path: Path) -> None:
+    """``otel-train report A --against B`` over two runs of tests/unit/compare_job.py,
+    B's dataset 2 ms a sample slower: a section with each phase's two bars, their
+    lengths the runs' medians (the longest the lane), and compare's words for each."""
+    job = Path(__file__).resolve().parents[1] / "unit" / "compare_job.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    runs = {}
+    for name, delay in (("fast", "0"), ("slow", "0.002")):
+        done = subprocess.run([sys.executable, str(job), str(tmp_path / "runs"), "--delay", delay],
+                              env={**env, "OTEL_TRAIN_RUN_ID": name}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        (runs[name],) = (tmp_path / "runs").glob(f"*-{name}")
+    made = subprocess.run([sys.executable, "-m", "otel_train.cli", "report", str(runs["fast"]),
+                           "--against", str(runs["slow"])], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    compared = subprocess.run([sys.executable, "-m", "otel_train.cli", "compare",
+                               str(runs["fast"]), str(runs["slow"]), "--json"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    changes = {r["metric"].removeprefix("phase:"): r for r in json.loads(compared.stdout)["rows"]}
+    page = runs["fast"] / "report.html"
+    chromium, chromedriver = _browser() or ("", "")
+    driver = _driver(chromium, chromedriver)
+    try:
+        driver.get(page.as_uri())
+        shown = driver.execute_script(AGAINST)
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        driver.save_screenshot(str(tmp_path / "against.png"))
+    finally:
+        driver.quit()
+    assert not errors, errors
+    assert (
+        shown["title"]
+        == f"Against {runs['slow'].name} (A: {runs['fast'].name}, B: {runs['slow'].name})"
+    )
+    assert [r["name"] for r in shown["rows"]] == [
+        "step",
+        "backward",
+        "data",
+        "forward",
+        "optimizer",
+    ]
+    top = max(max(r["a_median"], r["b_median"]) for r in changes.values() if r["kind"] == "time")
+    for row in shown["rows"]:
+        want = changes[row["name"]]
+        assert row["a"] == pytest.approx(row["lane"] * want["a_median"] / top, abs=1.0)
+        assert row["b"] == pytest.approx(row["lane"] * want["b_median"] / top, abs=1.0)
+        assert row["text"].endswith(": " + want["change"])
+    assert (
+        changes["data"]["verdict"] == "slower"
+        and "% slower (95% interval" in shown["rows"][2]["text"]
+    )
+    assert shown["rows"][0]["b"] == pytest.approx(
+        shown["rows"][0]["lane"], abs=1.0
+    )  # B's step: the longest

@@ -79,8 +79,30 @@
     });
     parent.appendChild(box);
   }
+  function against(c, parent) {  // otel-train report A --against B (runs/against.py)
+    var box = el("section", { "class": "table", id: "against" });
+    box.appendChild(el("h3", {}, "Against " + c.b + " (A: " + c.a + ", B: " + c.b + ")"));
+    box.appendChild(el("p", { "class": "note" }, c.method));
+    var top = Math.max.apply(null, c.rows.map(function (r) { return Math.max(r.a, r.b); }));
+    c.rows.forEach(function (r) {
+      var line = el("div", { "class": "cmp-row" });
+      line.appendChild(el("span", { "class": "fig-name" }, r.name));
+      var lane = el("span", { "class": "cmp-lane" });
+      ["a", "b"].forEach(function (k) {
+        var bar = el("span", { "class": "cmp-bar cmp-" + k, title: k.toUpperCase() + " " + fmt(r[k], "s") });
+        bar.style.width = (top > 0 ? 100 * r[k] / top : 0).toFixed(3) + "%";
+        lane.appendChild(bar);
+      });
+      line.appendChild(lane);
+      line.appendChild(el("span", { "class": "cmp-value" },
+        fmt(r.a, "s") + " \u2192 " + fmt(r.b, "s") + ": " + r.change));
+      box.appendChild(line);
+    });
+    parent.appendChild(box);
+  }
 
   var root = document.getElementById("report");
+  if (data.against) against(data.against, root);
   data.charts.forEach(function (spec) { C.draw(spec, root, report); });
   heatmap(data.heatmap, root);
   var s = data.stragglers;

@@ -1,0 +1,30 @@
+"""The report page's comparison section (``otel-train report A --against B``): the two
+runs' steady medians per phase and for the step, side by side, with compare.py's change
+and its interval, as plain JSON values for report.js."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .compare import compare
+from .record_data import Run
+
+
+def against_data(a: Run, b: Run, names: tuple[str, str]) -> dict[str, Any]:
+    result = compare(a, b, names)
+    m = result["method"]
+    rows = [
+        {"name": r["metric"].removeprefix("phase:"), "a": r["a_median"], "b": r["b_median"],
+         "change": r["change"], "verdict": r["verdict"]}
+        for r in result["rows"]
+        if r["kind"] == "time" and r["metric"] != "collective_wait"
+    ]  # fmt: skip
+    return {
+        "a": names[0],
+        "b": names[1],
+        "rows": rows,
+        "method": f"medians over {result['a']['steady']} and {result['b']['steady']} steady "
+        f"steps; B/A with a {m['level']:.0%} bootstrap interval ({m['rounds']} rounds, seed "
+        f"{m['seed']}); within noise under {100 * m['tolerance']:g}% or when the interval "
+        "holds 1 (docs/compare.md)",
+    }
