@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .collectives import PREFIX as COLLECTIVE
 from .layouts import (
     S_NAME,
     S_PEAK_ALLOCATED,
@@ -24,6 +25,13 @@ from .layouts import (
 )
 from .machine import StepMachine
 from .scopes import ADAPTER, BACKGROUND, CYCLE, HOST_PHASES, MAX_STACK, REMOTE
+
+# Where a collective run with no step open goes: nowhere. It is no step (an evaluation's
+# reductions, a loss reduced for logging after the optimizer's step), and opening one
+# for it made the next training step start there and lose its counts. Its entry keeps
+# the stack paired until it exits; the hang watch still names it (recorder.py).
+OUTSIDE = Step(-1, 0, BACKGROUND, None, None)
+OUTSIDE.closed = True
 
 
 class PhaseMachine(StepMachine):
@@ -64,6 +72,9 @@ class PhaseMachine(StepMachine):
                 else:
                     step = Step(-1, t, BACKGROUND, None, self._thread_device())
                     self.background_open += 1
+            elif step is None and not stack and name.startswith(COLLECTIVE):
+                stack.append([name, 0, -1, t, None, OUTSIDE, 0, 0, 0, 0])
+                return
             elif step is None or (step.top is not None and not stack):
                 step = self._enter_top(name, step, t, stack)
                 if step is None:
@@ -154,7 +165,7 @@ class PhaseMachine(StepMachine):
             stack.pop()
             if step.closed:
                 # The step ended (another thread or an adapter) while this phase ran.
-                self.dropped_phases += 1
+                self.dropped_phases += step is not OUTSIDE
                 self.events.release(ev0)
                 self.events.release(ev)
                 return
@@ -176,7 +187,7 @@ class PhaseMachine(StepMachine):
             return
         name, seq, parent, t0, _, owner, _, _, _, _ = stack.pop()  # (see S_NAME)
         if owner.closed:
-            self.dropped_phases += 1
+            self.dropped_phases += owner is not OUTSIDE
         else:
             seconds = (t - t0) / 1e9 if t > t0 else 0.0
             owner.phases.append((seq, parent, name, t0, t, None, None, None, None, seconds))
