@@ -6,6 +6,7 @@ measured) never triggers. The words are the deploy/ alerts' words too."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from ..settings.verdicts import VerdictSettings
 class Figures:
     data_stall: float | None = None  # median share of the step waiting for its batch
     collective_share: float | None = None  # steps' time in collectives / their time
-    rank_steps: dict[int, float] = field(default_factory=dict)  # median step per rank
+    rank_steps: dict[int, float] = field(default_factory=dict)  # median step less waits
     rank_waits: dict[int, float] = field(default_factory=dict)  # collectives share per rank
     memory: dict[str, float] = field(default_factory=dict)  # phase: peak reserved / device
     fragmentation: dict[str, float] = field(default_factory=dict)  # phase: 1 - alloc/reserved
@@ -51,8 +52,7 @@ def collectives(f: Figures, s: VerdictSettings) -> str | None:
 def straggler(f: Figures, s: VerdictSettings) -> str | None:
     if len(f.rank_steps) < 2:
         return None
-    ranks = sorted(f.rank_steps.values())
-    typical = ranks[len(ranks) // 2]
+    typical = statistics.median(f.rank_steps.values())
     rank = max(f.rank_steps, key=f.rank_steps.__getitem__)
     ratio = f.rank_steps[rank] / typical if typical > 0 else 0.0
     if ratio < s.verdict_straggler:
@@ -60,7 +60,8 @@ def straggler(f: Figures, s: VerdictSettings) -> str | None:
     waits = f.rank_waits.get(rank, 0.0)
     others = [w for r, w in f.rank_waits.items() if r != rank]
     how = "waits (in collectives)" if others and waits > max(others) else "works (its own compute)"
-    return (f"straggler: rank {rank}'s median step is {ratio:.2f}x the ranks' median "
+    return (f"straggler: rank {rank}'s median step less its collective waits is {ratio:.2f}x "
+            "the ranks' median "
             f"(verdict_straggler {s.verdict_straggler:g}x); it mostly {how}; try its "
             "node's health (clocks, thermals, neighbours), its data shard, its input")  # fmt: skip
 

@@ -19,6 +19,12 @@ def _wait_share(samples: list[Sample]) -> float | None:
     return sum(waits) / seconds if waits and seconds > 0 else None
 
 
+def _work(samples: list[Sample]) -> float:
+    """The median step less its waits in collectives: in synchronous training every rank's
+    step lasts as long, and the healthy ranks wait in collectives for the slow one."""
+    return statistics.median(s.seconds - (s.collective_wait or 0.0) for s in samples)
+
+
 def _drift(samples: list[Sample]) -> float | None:
     third = len(samples) // 3
     if third < 3:
@@ -67,9 +73,7 @@ def figures(run: Run, states: list[Steady]) -> Figures:
     return Figures(
         data_stall=statistics.median(stalls) if stalls else None,
         collective_share=_wait_share(pooled),
-        rank_steps={
-            st.rank: statistics.median(s.seconds for s in st.samples) for st in states if st.samples
-        },
+        rank_steps={st.rank: _work(st.samples) for st in states if st.samples},
         rank_waits={st.rank: _wait_share(st.samples) or 0.0 for st in states if st.samples},
         memory=use,
         fragmentation=frag,

@@ -44,7 +44,8 @@ class VerdictSettings:
         default=1.10,
         metadata={
             "parse": v.float_range(1.0, 100.0),
-            "doc": "Straggler: a rank's median step is this many times the ranks' median.",
+            "doc": "Straggler: a rank's median step less its waits in collectives is this "
+            "many times the ranks' median.",
         },
     )
     verdict_drift: float = _share(

@@ -28,7 +28,7 @@ CASES = {
     "straggler:": (
         Figures(rank_steps={0: 1.0, 1: 1.0, 2: 1.3}, rank_waits={0: 0.2, 1: 0.2, 2: 0.0}),
         Figures(rank_steps={0: 1.0, 1: 1.0, 2: 1.05}),
-        "rank 2's median step is 1.30x the ranks' median",
+        "rank 2's median step less its collective waits is 1.30x the ranks' median",
     ),
     "collectives:": (
         Figures(collective_share=0.25),
