@@ -4,8 +4,11 @@
 ``torch.autograd.backward``; no hook on a model or optimizer sees it. While at least one
 adapter holds it (:func:`hold_backward`), that function is replaced by a wrapper that
 times each call as a ``backward`` phase of the open step: it closes an open ``forward``
-and becomes a phase. The last release puts the original back, unless someone wrapped
-it since (then the chain is left intact and the wrapper passes straight through).
+and becomes a phase. Calls made while it times one (reentrant activation checkpointing
+recomputes a layer and calls backward from inside backward, on CUDA from autograd's
+device thread) pass straight through: they are part of that phase. The last release
+puts the original back, unless someone wrapped it since (then the chain is left intact
+and the wrapper passes straight through).
 
 Adapter machinery over the recorder, shared by the plain-loop, Hugging Face and
 torchtitan adapters; it imports no adapter module.
@@ -32,6 +35,9 @@ class _Held(NamedTuple):
 
 _ACTIVE: list[_Held] = []  # adapters timing backward (see hold_backward)
 _ORIGINAL_BACKWARD: Callable[..., Any] | None = None
+# A backward being timed now. Reentrant activation checkpointing calls backward inside
+# backward (on CUDA from autograd's device thread): those calls are part of it.
+_timing = False
 _log = logging.getLogger("otel_train")
 
 # The wrapper's boundaries, made once: the recorder recognises a repeating step by them.
@@ -41,8 +47,11 @@ _BACKWARD_END = boundary("backward", None)
 
 
 def _patched_backward(*args: Any, **kwargs: Any) -> Any:
+    global _timing
     original = _ORIGINAL_BACKWARD
     assert original is not None
+    if _timing:  # (inside a timed backward: reentrant checkpointing's recomputation)
+        return original(*args, **kwargs)
     rec = owner = None
     try:
         # Adapters of the live session share its recorder (those of a session shut down
@@ -64,11 +73,14 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
         rec = None
     if rec is None:
         return original(*args, **kwargs)
+    _timing = True
     try:
         result = original(*args, **kwargs)
     except BaseException as err:
         _exit_backward(rec, err)
         raise
+    finally:
+        _timing = False
     try:
         assert owner is not None
         if owner.ends is not None:
