@@ -16,7 +16,8 @@ Dashboards:
   per rank (from the recording rules) with a data link to that rank's slowest traces;
   each rank's progress age against its limit, its share of step time in each
   collective, and the hang events from VictoriaLogs linked to their step traces
-  (hang_panels.py).
+  (hang_panels.py); the figures behind the verdicts, red past their thresholds
+  (verdict_panels.py).
 - RL loop: rollout / train / optimizer / weight_sync time and memory, each phase's share
   of the iteration, reward; the generator processes' time against the trainer's per
   step and the policy staleness of consumed rollouts (issue 15).
@@ -38,6 +39,7 @@ sys.path.insert(0, str(HERE))  # its parts: widgets.py, hang_panels.py, datasour
 
 from datasource_files import dashboard_provider, datasources  # noqa: E402
 from hang_panels import collectives_panel, hang_events_panel, progress_panel  # noqa: E402
+from verdict_panels import verdicts_panel  # noqa: E402
 from widgets import (  # noqa: E402,F401 (the uids: tests read them here)
     JAEGER_UID,
     LOGS_TYPE,
@@ -232,6 +234,7 @@ def overview() -> dict[str, Any]:
         collectives_panel((12, 40, 12, 8)),
         hang_events_panel((0, 48, 24, 10)),
         *efficiency_panels(58),
+        verdicts_panel((0, 74, 24, 5)),
     ]
     jobs = f"{n(c.STEPS)}{{{OTLP}}}"  # every training job
     return dashboard(

@@ -28,25 +28,44 @@ class Figures:
     slow_steps: int = 0  # of them, over twice the median step
 
 
+# What to try, by rule: the end of each verdict line, and of the dashboard panel's words.
+ADVICE = {
+    "input-bound": "more DataLoader workers, pin_memory=True, a larger prefetch_factor",
+    "straggler": "its node's health (clocks, thermals, neighbours), its data shard, its input",
+    "collectives": "overlapping them with compute (DDP bucket size, FSDP prefetch), fewer or "
+    "larger collectives, or a straggler the others wait for",
+    "memory near the limit": "activation checkpointing in that phase, a smaller micro-batch, "
+    "or sharding (FSDP, ZeRO)",
+    "allocator": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, steady tensor shapes",
+    "drift": "looking for growing state (caches, lists of tensors, logging), memory growth, "
+    "thermal throttling",
+    "telemetry drops": "what the reason's entry under otel_train.dropped in docs/telemetry.md "
+    "says (queues, exporter, disk)",
+    "unsteady steps": "recompile logs (TORCH_LOGS=recompiles), steady batch shapes, fewer "
+    "synchronizing calls",
+}
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
+
+
+def _line(rule: str, finding: str, setting: str, threshold: str) -> str:
+    return f"{rule}: {finding} ({setting} {threshold}); try {ADVICE[rule]}"
 
 
 def input_bound(f: Figures, s: VerdictSettings) -> str | None:
     if f.data_stall is None or f.data_stall < s.verdict_data_stall:
         return None
-    return (f"input-bound: steps wait {_pct(f.data_stall)} of their time for the next batch "
-            f"(verdict_data_stall {_pct(s.verdict_data_stall)}); try more DataLoader "
-            "workers, pin_memory=True, a larger prefetch_factor")  # fmt: skip
+    found = f"steps wait {_pct(f.data_stall)} of their time for the next batch"
+    return _line("input-bound", found, "verdict_data_stall", _pct(s.verdict_data_stall))
 
 
 def collectives(f: Figures, s: VerdictSettings) -> str | None:
     if f.collective_share is None or f.collective_share < s.verdict_collectives:
         return None
-    return (f"collectives: steps wait {_pct(f.collective_share)} of their time in collectives "
-            f"(verdict_collectives {_pct(s.verdict_collectives)}); try overlapping them with "
-            "compute (DDP bucket size, FSDP prefetch), fewer or larger collectives, or look "
-            "for a straggler that the others wait for")  # fmt: skip
+    found = f"steps wait {_pct(f.collective_share)} of their time in collectives"
+    return _line("collectives", found, "verdict_collectives", _pct(s.verdict_collectives))
 
 
 def straggler(f: Figures, s: VerdictSettings) -> str | None:
@@ -60,10 +79,9 @@ def straggler(f: Figures, s: VerdictSettings) -> str | None:
     waits = f.rank_waits.get(rank, 0.0)
     others = [w for r, w in f.rank_waits.items() if r != rank]
     how = "waits (in collectives)" if others and waits > max(others) else "works (its own compute)"
-    return (f"straggler: rank {rank}'s median step less its collective waits is {ratio:.2f}x "
-            "the ranks' median "
-            f"(verdict_straggler {s.verdict_straggler:g}x); it mostly {how}; try its "
-            "node's health (clocks, thermals, neighbours), its data shard, its input")  # fmt: skip
+    found = (f"rank {rank}'s median step less its collective waits is {ratio:.2f}x the "
+             f"ranks' median; it mostly {how}")  # fmt: skip
+    return _line("straggler", found, "verdict_straggler", f"{s.verdict_straggler:g}x")
 
 
 def memory(f: Figures, s: VerdictSettings) -> str | None:
@@ -72,9 +90,8 @@ def memory(f: Figures, s: VerdictSettings) -> str | None:
     phase = max(f.memory, key=f.memory.__getitem__)
     if f.memory[phase] < s.verdict_memory:
         return None
-    return (f"memory near the limit: {phase} reserves {_pct(f.memory[phase])} of the device "
-            f"(verdict_memory {_pct(s.verdict_memory)}); try activation checkpointing in "
-            f"{phase}, a smaller micro-batch, or sharding (FSDP, ZeRO)")  # fmt: skip
+    found = f"{phase} reserves {_pct(f.memory[phase])} of the device"
+    return _line("memory near the limit", found, "verdict_memory", _pct(s.verdict_memory))
 
 
 def allocator(f: Figures, s: VerdictSettings) -> str | None:
@@ -82,21 +99,19 @@ def allocator(f: Figures, s: VerdictSettings) -> str | None:
     frag = f.fragmentation.get(phase, 0.0) if phase else 0.0
     if f.alloc_retries <= 0 and frag < s.verdict_fragmentation:
         return None
-    what = f"{f.alloc_retries} allocator retries (cache flushes)" if f.alloc_retries else ""
+    found = [f"{f.alloc_retries} allocator retries (cache flushes)"] if f.alloc_retries else []
     if phase and frag >= s.verdict_fragmentation:
-        what += (", " if what else "") + f"{_pct(frag)} of {phase}'s reserved memory unused"
-    return (f"allocator: {what} (verdict_fragmentation {_pct(s.verdict_fragmentation)}); "
-            "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, steady tensor shapes, "
-            "or less memory headroom pressure")  # fmt: skip
+        found.append(f"{_pct(frag)} of {phase}'s reserved memory unused")
+    threshold = _pct(s.verdict_fragmentation)
+    return _line("allocator", ", ".join(found), "verdict_fragmentation", threshold)
 
 
 def drift(f: Figures, s: VerdictSettings) -> str | None:
     if f.drift is None or abs(f.drift - 1.0) < s.verdict_drift:
         return None
     way = "slower" if f.drift > 1.0 else "faster"
-    return (f"drift: the last third of the steps is {_pct(abs(f.drift - 1.0))} {way} than the "
-            f"first (verdict_drift {_pct(s.verdict_drift)}); try looking for growing state "
-            "(caches, lists of tensors, logging), memory growth, thermal throttling")  # fmt: skip
+    found = f"the last third of the steps is {_pct(abs(f.drift - 1.0))} {way} than the first"
+    return _line("drift", found, "verdict_drift", _pct(s.verdict_drift))
 
 
 def dropped(f: Figures, s: VerdictSettings) -> str | None:
@@ -104,18 +119,15 @@ def dropped(f: Figures, s: VerdictSettings) -> str | None:
     if total < s.verdict_dropped:
         return None
     why = ", ".join(f"{n:,.0f} {reason}" for reason, n in sorted(f.dropped.items()) if n)
-    return (f"telemetry drops: {total:,.0f} items dropped ({why}; verdict_dropped "
-            f"{s.verdict_dropped}): figures are missing; try what its reason's entry under "
-            "otel_train.dropped in docs/telemetry.md says (queues, exporter, disk)")  # fmt: skip
+    found = f"{total:,.0f} items dropped ({why}): their figures are missing"
+    return _line("telemetry drops", found, "verdict_dropped", str(s.verdict_dropped))
 
 
 def unsteady(f: Figures, s: VerdictSettings) -> str | None:
     if not f.steady or f.slow_steps / f.steady < s.verdict_unsteady:
         return None
-    return (f"unsteady steps: {f.slow_steps} of {f.steady} steady steps took over twice the "
-            f"median step (verdict_unsteady {_pct(s.verdict_unsteady)}); try "
-            "torch._dynamo recompile logs (TORCH_LOGS=recompiles), steady batch shapes, "
-            "fewer synchronizing calls")  # fmt: skip
+    found = f"{f.slow_steps} of {f.steady} steady steps took over twice the median step"
+    return _line("unsteady steps", found, "verdict_unsteady", _pct(s.verdict_unsteady))
 
 
 RULES: tuple[Callable[[Figures, VerdictSettings], str | None], ...] = (

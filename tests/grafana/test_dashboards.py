@@ -305,3 +305,23 @@ def test_the_progress_and_collective_panels_read_their_contract_metrics() -> Non
     op = c.prometheus_label(c.A_COLLECTIVE_OP)
     assert f"by (otel_train_rank, {op})" in share["expr"]
     assert f"{{{{{op}}}}}" in share["legendFormat"]
+
+
+def test_the_verdicts_panel_says_the_verdicts_words_and_turns_red_at_their_thresholds() -> None:
+    from otel_train.processing.verdicts import ADVICE
+    from otel_train.settings.verdicts import VerdictSettings
+
+    dash = json.loads((GRAFANA / "dashboards" / "training-overview.json").read_text())
+    panel = next(p for p in dash["panels"] if p["title"] == "Verdicts: the bottleneck")
+    limits = VerdictSettings()
+    want = {"input-bound": limits.verdict_data_stall, "collectives": limits.verdict_collectives,
+            "memory near the limit": limits.verdict_memory,
+            "telemetry drops": limits.verdict_dropped}  # fmt: skip
+    rules = {t["refId"]: t["legendFormat"] for t in panel["targets"]}
+    assert sorted(rules.values()) == sorted(want)
+    for rule in want:
+        assert f"{rule} (red from {want[rule]:g}): try {ADVICE[rule]}" in panel["description"]
+    for override in panel["fieldConfig"]["overrides"]:
+        rule = rules[override["matcher"]["options"]]
+        (steps,) = [p["value"]["steps"] for p in override["properties"] if p["id"] == "thresholds"]
+        assert steps[-1] == {"color": "red", "value": want[rule]}
