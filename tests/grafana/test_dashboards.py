@@ -325,3 +325,10 @@ def test_the_verdicts_panel_says_the_verdicts_words_and_turns_red_at_their_thres
         rule = rules[override["matcher"]["options"]]
         (steps,) = [p["value"]["steps"] for p in override["properties"] if p["id"] == "thresholds"]
         assert steps[-1] == {"color": "red", "value": want[rule]}
+
+
+def test_the_straggler_alert_says_what_the_straggler_verdict_says() -> None:
+    from otel_train.processing.verdicts import ADVICE
+
+    alert = next(r for r in RULES if r.get("alert") == "OtelTrainStraggler")
+    assert f"try {ADVICE['straggler']}." in alert["annotations"]["description"]
