@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import importlib
 import re
+from dataclasses import fields
 from pathlib import Path
 
 from series_budget import SERIES_PER_DDP_RANK, SERIES_PER_RANK
 
 from otel_train import contract as c
 from otel_train.settings import ENV_PREFIX, Settings
+from otel_train.settings.verdicts import VerdictSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Hand-written pages; docs/telemetry.md is generated from the contract (test_contract.py).
@@ -70,10 +72,12 @@ def test_every_prometheus_name_is_in_the_contract() -> None:
 
 
 def test_every_otel_train_variable_is_read_by_the_code() -> None:
-    """A setting's variable (its name, upper-cased), or a name the code spells out."""
+    """A setting's variable (its name, upper-cased: the settings and the verdicts'
+    thresholds), or a name the code spells out."""
     source = "\n".join(p.read_text() for p in (ROOT / "otel_train").rglob("*.py"))
     known = set(re.findall(r"OTEL_TRAIN_[A-Z0-9_]*[A-Z0-9]", source))
-    known |= {f"{ENV_PREFIX}{n.upper()}" for n in Settings.names()}
+    names = [*Settings.names(), *(f.name for f in fields(VerdictSettings))]
+    known |= {f"{ENV_PREFIX}{n.upper()}" for n in names}
     assert "OTEL_TRAIN_RUN_ID" in known and "OTEL_TRAIN_HANG_AFTER" in known
     names = quoted(r"OTEL_TRAIN_[A-Z0-9_]*[A-Z0-9]")
     unknown = {n: pages for n, pages in names.items() if n not in known}
