@@ -38,6 +38,7 @@ from torch.utils.data import dataloader as _dataloader
 from .backward import hold_backward
 from .base import Instrumentation
 from .compiling import dynamo_compiling
+from .scaler import hold_scaler
 from .torch_loop import TorchLoopAdapter, timed_next
 
 _log = logging.getLogger("otel_train")
@@ -115,6 +116,7 @@ class ProcessWideHooks:
                 return None
             adapter = ProcessWideAdapter(inst, self.arm)
             inst.on_undo(hold_backward(adapter))
+            inst.on_undo(hold_scaler(adapter))
         except Exception:  # telemetry never raises into training: off for good
             self._failed = True
             _log.exception("otel-train: starting the process-wide instrumentation failed")

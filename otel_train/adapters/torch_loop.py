@@ -34,9 +34,7 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
-import types
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -51,6 +49,8 @@ from .base import Instrumentation, note_precision
 from .batches import Counts, batch_counts, tensor_counts, user_counter
 from .compiling import dynamo_compiling
 from .ddp import watch_ddp
+from .own_class import time_forward
+from .scaler import hold_scaler
 
 _log = logging.getLogger("otel_train")
 _grad_enabled = torch.is_grad_enabled
@@ -198,6 +198,8 @@ class TorchLoopAdapter:
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
+        self.optimizer: Any = None  # whose steps end steps (None: any, the process-wide)
+        self.optimizer_steps = 0  # taken, counted by the post-hook (scaler.py reads it)
         self.after_forward = False  # a training forward ran since the optimizer's step
         self.held: Counts | None = None  # counts of batches fetched after it, till the next
         # What backward.py calls before backward's end: DDP's gradient wait, set by
@@ -279,6 +281,7 @@ class TorchLoopAdapter:
             self._failed()
 
     def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_steps += 1
         if not self.active:
             return
         try:
@@ -291,6 +294,12 @@ class TorchLoopAdapter:
             self.rec.transition(_OPTIMIZER_END)
         except Exception:
             self._failed()
+
+    def optimizer_skipped(self, optimizer: Any) -> None:
+        """GradScaler skipped the optimizer's step (its gradients overflowed): the step
+        ends there all the same, with no optimizer phase (scaler.py)."""
+        if self.active and (self.optimizer is None or optimizer is self.optimizer):
+            self.optimizer_post_hook(optimizer, (), {})
 
     def _check_forward(self) -> None:
         """No training forward of ours ran in this step: if the model's forward was
@@ -369,65 +378,6 @@ class _TimedForward:
         return (copy.copy, (self.__wrapped__,))  # (a function is its own copy)
 
 
-_SET_CLASS = object.__dict__["__class__"].__set__  # (what ``obj.__class__ = c`` does)
-
-
-def _timed_class(cls: type, timed: _TimedForward) -> type:
-    """A subclass of ``cls`` for one model, ``timed`` its ``forward``, named as ``cls``.
-    Its instances say ``cls`` is their ``__class__`` and reduce as instances of ``cls``
-    (pickle checks the one against the other), so whole-model saves are byte for byte
-    those made without otel-train (they load with ``weights_only=True`` where otel-train
-    is not installed), and deep copies are of ``cls``. ``type()`` tells the truth."""
-
-    reduce_ex: Any = cls.__reduce_ex__  # (the class's own, or object's)
-
-    def __reduce_ex__(self: Any, protocol: Any) -> Any:
-        reduced = reduce_ex(self, protocol)
-        if not isinstance(reduced, tuple) or len(reduced) < 2:
-            return reduced
-        args = tuple(cls if a is sub else a for a in reduced[1])
-        return (reduced[0], args, *reduced[2:])
-
-    def body(ns: dict[str, Any]) -> None:
-        ns.update(forward=timed, __reduce_ex__=__reduce_ex__, __module__=cls.__module__,
-                  __qualname__=cls.__qualname__,
-                  __class__=property(lambda self: cls, _SET_CLASS))  # fmt: skip
-
-    sub = types.new_class(cls.__name__, (cls,), exec_body=body)
-    return sub
-
-
-def _time_forward(model: torch.nn.Module, timed: _TimedForward) -> Callable[[], None]:
-    """Make ``timed`` the model's forward; returns the undo. The model's class becomes its
-    own subclass (nothing is stored on the instance), unless the instance has a forward of
-    its own (a compiled module's, a user's wrapper): then that is wrapped in place."""
-    prior = model.__dict__.get("forward")
-    cls = type(model)
-    if prior is None and isinstance(inspect.getattr_static(cls, "forward"), types.FunctionType):
-        try:
-            sub = _timed_class(cls, timed)
-            _SET_CLASS(model, sub)
-        except Exception:  # (a class that cannot be subclassed so: the instance's, then)
-            _log.debug("otel-train: the model's class cannot be subclassed", exc_info=True)
-        else:
-
-            def restore_class() -> None:
-                if type(model) is sub:  # (changed again since: stays, inert)
-                    _SET_CLASS(model, cls)
-
-            return restore_class
-    model.forward = timed
-
-    def restore_forward() -> None:
-        if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)
-            if prior is None:
-                del model.__dict__["forward"]
-            else:
-                model.__dict__["forward"] = prior
-
-    return restore_forward
-
-
 def attach(
     inst: Instrumentation,
     model: torch.nn.Module,
@@ -438,14 +388,16 @@ def attach(
     adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
     timed = _TimedForward(adapter, model, model.forward)
     adapter.timed_forward = timed
-    inst.on_undo(_time_forward(model, timed))
+    inst.on_undo(time_forward(model, timed))
     if optimizer is None:
         adapter.data_boundary = _DATA_NEXT_STEP
     else:
+        adapter.optimizer = optimizer
         pre = optimizer.register_step_pre_hook(adapter.optimizer_pre_hook)
         post = optimizer.register_step_post_hook(adapter.optimizer_post_hook)
         inst.on_undo(post.remove)
         inst.on_undo(pre.remove)
+        inst.on_undo(hold_scaler(adapter))
     if dataloader is not None:
         adapter.has_loader = True
         original_cls = type(dataloader)
