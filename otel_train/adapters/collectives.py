@@ -47,14 +47,22 @@ _failed = False
 
 def hold_collectives(owner: Any) -> Callable[[], None]:
     """Time torch.distributed's blocking collectives for ``owner.rec``; returns the undo."""
-    _ACTIVE.append(owner)
-    _install()
+    return hold(_ACTIVE, owner, _install, _remove)
+
+
+def hold(
+    active: list[Any], owner: Any, install: Callable[[], None], remove: Callable[[], None]
+) -> Callable[[], None]:
+    """A process-wide wrapper held by ``owner``: in ``active``, installed; returns the undo
+    (idempotent), which removes the wrapper when the last holder lets go."""
+    active.append(owner)
+    install()
 
     def release() -> None:
-        if owner in _ACTIVE:
-            _ACTIVE.remove(owner)
-        if not _ACTIVE:
-            _remove()
+        if owner in active:
+            active.remove(owner)
+        if not active:
+            remove()
 
     return release
 

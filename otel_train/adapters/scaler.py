@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .collectives import hold
 from .compiling import dynamo_compiling
 
 _log = logging.getLogger("otel_train")
@@ -34,16 +35,7 @@ _ORIGINAL_STEP: Callable[..., Any] | None = None
 
 def hold_scaler(owner: Any) -> Callable[[], None]:
     """Tell ``owner`` of GradScaler's skipped steps; returns the undo (idempotent)."""
-    _ACTIVE.append(owner)
-    _install()
-
-    def release() -> None:
-        if owner in _ACTIVE:
-            _ACTIVE.remove(owner)
-        if not _ACTIVE:
-            _remove()
-
-    return release
+    return hold(_ACTIVE, owner, _install, _remove)
 
 
 def _scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
