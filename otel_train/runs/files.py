@@ -1,10 +1,12 @@
-"""A run record's files: which ranks wrote what, in the order the lines were written."""
+"""A run record's files: which ranks wrote what, in the order the lines were written, read
+line by line (never a whole file at once); bad lines are counted and left out."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +40,75 @@ def record_parts(run_dir: str | Path) -> list[RecordPart]:
     return found
 
 
-def lines(f: RecordPart) -> Iterator[str]:
-    """The file's complete lines (a line cut short by a crash is left out)."""
-    with open(f.path, encoding="utf-8") as fh:
+REQUEST_KEY = {"traces": "resourceSpans", "metrics": "resourceMetrics"}
+PROGRESS_BYTES = 16 * 1024 * 1024  # a file this large says how far its reading got
+
+
+@dataclass
+class Skipped:
+    """Lines of a record left out, counted by why (said once, by say())."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    files: set[str] = field(default_factory=set)
+
+    def add(self, why: str, path: Path) -> None:
+        self.counts[why] = self.counts.get(why, 0) + 1
+        self.files.add(path.name)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def message(self) -> str:
+        """'' when nothing was skipped."""
+        if not self.counts:
+            return ""
+        whys = ", ".join(f"{n} {why}" for why, n in sorted(self.counts.items()))
+        return (f"skipped {self.total()} bad line(s) of the record ({whys}) in "
+                f"{', '.join(sorted(self.files))}")  # fmt: skip
+
+    def say(self, command: str) -> None:
+        if self.counts:
+            print(f"{command}: {self.message()}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class RecordLine:
+    raw: bytes  # the line as written
+    request: dict[str, Any]  # parsed: an export request of the file's kind (its top level)
+
+
+def lines(f: RecordPart, reading: str = "reading") -> Iterator[bytes]:
+    """The file's complete lines, read one at a time (a line cut short by a crash is left
+    out); a large file prints its progress to stderr (``reading``: what is done)."""
+    size = f.path.stat().st_size
+    step = size // 10 if size >= PROGRESS_BYTES else 0
+    done, said = 0, 0
+    with open(f.path, "rb") as fh:
         for line in fh:
-            if line.endswith("\n") and line.strip():
+            done += len(line)
+            if step and done >= said + step:
+                said = done - done % step
+                print(f"otel-train: {reading} {f.path.name}: {done >> 20} of {size >> 20} MiB",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            if line.endswith(b"\n") and line.strip():
                 yield line
 
 
-def requests(f: RecordPart) -> Iterator[dict[str, Any]]:
-    """The file's OTLP/JSON export requests, parsed."""
-    for line in lines(f):
+def requests(f: RecordPart, skipped: Skipped, reading: str = "reading") -> Iterator[RecordLine]:
+    """The file's OTLP/JSON export requests; a line that is not UTF-8, not JSON, or not
+    an object with the kind's list (resourceSpans, resourceMetrics) is counted in
+    ``skipped`` and left out."""
+    key = REQUEST_KEY[f.kind]
+    for line in lines(f, reading):
         try:
-            yield json.loads(line)
-        except ValueError:
+            request = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            skipped.add("not UTF-8", f.path)
             continue
+        except ValueError:
+            skipped.add("not JSON", f.path)
+            continue
+        if not isinstance(request, dict) or not isinstance(request.get(key), list):
+            skipped.add(f"not an OTLP {f.kind} export request", f.path)
+            continue
+        yield RecordLine(line, request)

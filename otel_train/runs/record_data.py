@@ -14,8 +14,9 @@ from typing import Any
 
 from .. import contract as c
 from ..export.record import directory_name
-from .files import record_parts, requests
+from .files import RecordPart, Skipped, record_parts, requests
 from .histogram import Histogram
+from .trace_sample import TraceChoice, choose
 
 Key = tuple[str, tuple[tuple[str, Any], ...]]
 
@@ -32,6 +33,7 @@ class RankRecord:
     resource: dict[str, Any] = field(default_factory=dict)
     snapshots: list[Snapshot] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
+    sample: TraceChoice = field(default_factory=TraceChoice)  # which traces were kept
 
     @property
     def rank(self) -> int:
@@ -50,6 +52,20 @@ class Run:
 
     ranks: list[RankRecord]
     others: list[RankRecord] = field(default_factory=list)
+    skipped: Skipped = field(default_factory=Skipped)  # bad lines left out
+
+    def notes(self) -> list[str]:
+        """What the run's page or timeline leaves out: bad lines, traces not drawn."""
+        out = [self.skipped.message()] if self.skipped.counts else []
+        for r in [*self.ranks, *self.others]:
+            name = f"{r.prefix} [{r.role}]" if is_other(r) else r.prefix
+            if r.sample.steps_seen and r.sample.sampled:
+                kept = sum(1 for s in r.spans if s["name"] == c.STEP_SPAN.name)
+                out.append(f"{name}: {kept:,} of {r.sample.steps_seen:,} traced steps drawn, "
+                           "a sample (a large record; the charts use every snapshot)")  # fmt: skip
+            elif r.sample.sampled:
+                out.append(f"{name}: its phases under the drawn steps only")
+        return out
 
 
 def is_other(record: RankRecord) -> bool:
@@ -58,13 +74,18 @@ def is_other(record: RankRecord) -> bool:
     return record.role not in ("", "trainer")
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """The run of the record in ``run_dir``, with its other processes."""
+def load_run(run_dir: str | Path, max_traces: int | None = None) -> Run:
+    """The run of the record in ``run_dir``, with its other processes; ``max_traces``:
+    at most about this many traced steps per process of a large record (trace_sample.py;
+    None: all). Bad lines are left out and counted in ``Run.skipped``."""
     root = Path(run_dir)
-    records = load(root)
-    run = Run([r for r in records if not is_other(r)], [r for r in records if is_other(r)])
+    skipped = Skipped()
+    records = load(root, skipped, max_traces)
+    run = Run([r for r in records if not is_other(r)], [r for r in records if is_other(r)],
+              skipped)  # fmt: skip
     if not run.ranks:  # a generator's own record: its page
-        return Run(records)
+        return Run(records, skipped=skipped)
+    share = min(r.sample.fraction for r in run.ranks)  # (their phases under kept steps)
     job = next((r.resource.get(c.RESOURCE_JOB.key) for r in run.ranks), None)
     if not job:
         return run
@@ -73,7 +94,7 @@ def load_run(run_dir: str | Path) -> Run:
         if not sibling.is_dir() or sibling == root.resolve():
             continue
         try:
-            found = load(sibling)
+            found = load(sibling, skipped, max_traces, share)
         except OSError:  # no record in it
             continue
         run.others += [
@@ -94,46 +115,70 @@ def attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
     return out
 
 
-def load(run_dir: str | Path) -> list[RankRecord]:
-    """Every rank's record under ``run_dir``, by rank."""
-    ranks: dict[str, RankRecord] = {}
+def load(run_dir: str | Path, skipped: Skipped | None = None, max_traces: int | None = None,
+         share: float = 1.0) -> list[RankRecord]:  # fmt: skip
+    """Every rank's record under ``run_dir``, by rank (``skipped``: where bad lines are
+    counted; ``max_traces``, ``share``: trace_sample.choose)."""
+    skipped = skipped if skipped is not None else Skipped()
+    by_prefix: dict[str, list[RecordPart]] = {}
     for part in record_parts(run_dir):
-        rec = ranks.setdefault(part.prefix, RankRecord(part.prefix))
-        for req in requests(part):
-            if part.kind == "traces":
-                _spans(rec, req)
-            else:
-                _snapshot(rec, req)
-    out = sorted(ranks.values(), key=lambda r: r.rank)
-    for rec in out:
+        by_prefix.setdefault(part.prefix, []).append(part)
+    out = []
+    for prefix, parts in by_prefix.items():
+        traces = [p for p in parts if p.kind == "traces"]
+        rec = RankRecord(prefix, sample=choose(traces, max_traces, share))
+        for part in parts:
+            for line in requests(part, skipped):
+                try:
+                    if part.kind == "traces":
+                        _spans(rec, line.request)
+                    else:
+                        _snapshot(rec, line.request)
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    skipped.add("of the wrong shape", part.path)
         rec.snapshots.sort(key=lambda s: s.t)
-    return out
+        out.append(rec)
+    return sorted(out, key=lambda r: r.rank)
 
 
 def _spans(rec: RankRecord, req: dict[str, Any]) -> None:
-    for rs in req.get("resourceSpans", []):
+    for rs in req["resourceSpans"]:
         add_spans(rec, rs)
 
 
 def add_spans(rec: RankRecord, rs: dict[str, Any]) -> None:
-    """The spans of one OTLP/JSON ``resourceSpans`` item, into ``rec``."""
-    rec.resource = rec.resource or attributes(rs.get("resource", {}).get("attributes"))
+    """The spans of one OTLP/JSON ``resourceSpans`` item, into ``rec``: those of the
+    traces it keeps (``rec.sample``), all or none (one of the wrong shape raises)."""
+    resource = rec.resource or attributes(rs.get("resource", {}).get("attributes"))
+    kept = []
     for ss in rs.get("scopeSpans", []):
         for span in ss.get("spans", []):
-            span["attributes"] = attributes(span.get("attributes"))
-            rec.spans.append(span)
+            _check_span(span)
+            if rec.sample.keeps(span["traceId"]):
+                kept.append(dict(span, attributes=attributes(span.get("attributes"))))
+    rec.resource = resource
+    rec.spans += kept
+
+
+def _check_span(span: dict[str, Any]) -> None:
+    """What the readers of a span rely on; ValueError/TypeError where it is not so."""
+    for key in ("name", "traceId", "spanId"):
+        if not isinstance(span[key], str):
+            raise TypeError(f"span {key} is no string")
+    int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
 
 
 def _snapshot(rec: RankRecord, req: dict[str, Any]) -> None:
-    snap = Snapshot(0.0)
-    for rm in req.get("resourceMetrics", []):
-        rec.resource = rec.resource or attributes(rm.get("resource", {}).get("attributes"))
+    snap, resource = Snapshot(0.0), rec.resource
+    for rm in req["resourceMetrics"]:
+        resource = resource or attributes(rm.get("resource", {}).get("attributes"))
         for sm in rm.get("scopeMetrics", []):
             for metric in sm.get("metrics", []):
                 for kind, body in metric.items():
                     if isinstance(body, dict) and "dataPoints" in body:
                         for p in body["dataPoints"]:
                             _point(snap, metric["name"], kind, p)
+    rec.resource = resource
     if snap.values:
         rec.snapshots.append(snap)
 

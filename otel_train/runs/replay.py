@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import lines, record_parts
+from .files import Skipped, record_parts, requests
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
 
@@ -25,6 +25,7 @@ DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
 class Replayed:
     files: int = 0
     requests: int = 0
+    skipped: Skipped = field(default_factory=Skipped)  # bad lines, not sent
 
 
 def endpoint_from_env() -> str:
@@ -32,15 +33,17 @@ def endpoint_from_env() -> str:
 
 
 def replay(run_dir: str | Path, endpoint: str, timeout_s: float = 10.0) -> Replayed:
-    """POST every request of the record to ``endpoint`` (an OTLP/HTTP base URL)."""
+    """POST every request of the record to ``endpoint`` (an OTLP/HTTP base URL); bad
+    lines are left out, counted and said once on stderr."""
     done = Replayed()
     base = endpoint.rstrip("/")
     for f in record_parts(run_dir):
         done.files += 1
         url = f"{base}/v1/{f.kind}"
-        for line in lines(f):
-            _post(url, line.encode(), timeout_s)
+        for line in requests(f, done.skipped, "sending"):
+            _post(url, line.raw, timeout_s)
             done.requests += 1
+    done.skipped.say("otel-train replay")
     return done
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +25,7 @@ from .against import against_data
 from .live import fetch_run
 from .page_data import page_data
 from .record_data import Run, load_run
+from .trace_sample import MAX_TRACES
 
 UPLOT_VERSION = "1.6.32"  # npm uplot, MIT licence (assets/uPlot.LICENSE)
 REFRESH_S = 5
@@ -66,6 +68,7 @@ def page(run: Run, name: str, refresh_s: int | None = None, source: str = "",
         f"{source}{len(run.ranks)} rank(s){others}; "
         f"{sum(len(r.snapshots) for r in records)} metric snapshots, "
         f"{sum(len(r.spans) for r in records)} spans; bins of {data['bin_seconds']:.3g} s"
+        + "".join(f"; {note}" for note in run.notes())
     )
     scripts = "".join(f"<script>{_asset(a)}</script>" for a in SCRIPTS)
     return (
@@ -83,7 +86,10 @@ def render(run_dir: str | Path, refresh_s: int | None = None,
            against: str | Path | None = None) -> str:  # fmt: skip
     """The page for ``run_dir`` and the run's other processes recorded beside it; with
     ``against`` (another run directory), a section comparing the two."""
-    run, loaded = Path(run_dir), load_run(run_dir)
+    run, loaded = Path(run_dir), load_run(run_dir, MAX_TRACES)
+    if refresh_s is None:  # (a served page, rebuilt every few seconds: on the page only)
+        for note in loaded.notes():
+            print(f"otel-train report: {note}", file=sys.stderr)
     other = None
     if against is not None:
         names = (run.name, Path(against).name)

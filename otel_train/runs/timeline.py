@@ -100,6 +100,7 @@ def timeline(run_dir: str | Path) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     merged = []
     run = load_run(run_dir)
+    run.skipped.say("otel-train timeline")
     for i, other in enumerate(run.others):  # below the ranks and their profiler traces
         pid = OTHER_PID_BASE + i
         events += _rank_events(other, pid, f"{other.role} {i}", 2 * OTHER_PID_BASE + i)[0]
