@@ -4,7 +4,9 @@ line by line (never a whole file at once); bad lines are counted and left out.""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,3 +114,21 @@ def requests(f: RecordPart, skipped: Skipped, reading: str = "reading") -> Itera
             skipped.add(f"not an OTLP {f.kind} export request", f.path)
             continue
         yield RecordLine(line, request)
+
+
+def write_output(target: Path, text: str) -> Path:
+    """Write a command's output file (a report page, a timeline) as a new file renamed
+    over ``target``: a symbolic link planted at that name is replaced, never written
+    through. Its mode is a new file's (0666 less the umask)."""
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return target

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .against import against_data
+from .files import write_output
 from .live import fetch_run
 from .page_data import page_data
 from .record_data import Run, load_run
@@ -109,8 +110,7 @@ def write(run_dir: str | Path, out: str | Path | None = None,
           against: str | Path | None = None) -> Path:  # fmt: skip
     """Write the page (default ``RUN_DIR/report.html``); returns its path."""
     target = Path(out) if out is not None else Path(run_dir) / "report.html"
-    target.write_text(render(run_dir, against=against), encoding="utf-8")
-    return target
+    return write_output(target, render(run_dir, against=against))
 
 
 def serve(

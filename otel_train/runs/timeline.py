@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract as c
+from .files import write_output
 from .record_data import RankRecord, attributes, load_run
 
 STEPS_TID, DEVICE_TID = 1, 2
@@ -122,5 +123,4 @@ def timeline(run_dir: str | Path) -> dict[str, Any]:
 
 def write(run_dir: str | Path, out: str | Path | None = None) -> Path:
     target = Path(out) if out is not None else Path(run_dir) / "steps.json"
-    target.write_text(json.dumps(timeline(run_dir), separators=(",", ":")), encoding="utf-8")
-    return target
+    return write_output(target, json.dumps(timeline(run_dir), separators=(",", ":")))

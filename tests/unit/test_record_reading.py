@@ -156,3 +156,22 @@ def test_a_large_traces_file_keeps_reports_memory_bounded(recorded: Path, tmp_pa
     kept, seen = (int(n.replace(",", "")) for n in note)
     assert seen == steps and MAX_TRACES // 2 <= kept <= MAX_TRACES * 2, note
     assert "traced steps drawn" in (tmp_path / "large.html").read_text()
+
+
+def test_outputs_replace_a_planted_symlink_instead_of_writing_through_it(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """report.html and steps.json planted as links to another file (a record someone
+    else can write to): the commands' outputs replace the links; the file is untouched."""
+    run = tmp_path / "planted"
+    shutil.copytree(recorded, run)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("report.html", "steps.json"):
+        (run / name).symlink_to(victim)
+    assert _cli("report", str(run)).returncode == 0
+    assert _cli("timeline", str(run)).returncode == 0
+    assert victim.read_text() == "precious\n"
+    for name in ("report.html", "steps.json"):
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 1000
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary left
