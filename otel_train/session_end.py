@@ -70,4 +70,5 @@ def shutdown(session: Any, timeout_s: float | None = None) -> bool:
             session.worker.console.print_summary()
         except Exception:
             _log.exception("otel-train: printing the run summary failed")
-    return bool(session.telemetry.shutdown(max(0.0, deadline - time.monotonic())))
+    exported = session.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+    return bool(exported) and not session.worker.drops()  # (False whenever it dropped)

@@ -44,6 +44,8 @@ METRIC_ATTRIBUTES = {
     "scalar_names (user scalars with a new name past the 256-name cap), sidecar (steps the "
     "training process could not hand to its sidecar process: pipe and buffer full, or the "
     "sidecar gone; or steps the sidecar received and could not keep: its backlog full), "
+    "shutdown (steps the consumer had not processed when the shutdown deadline's drain "
+    "time ran out: counted, not processed), "
     "export (spans whose "
     "OTLP export failed), span_queue (spans dropped because the export queue was full), "
     "metric_export (metric data points whose OTLP export failed) or run_record (spans and "

@@ -85,6 +85,7 @@ class ConsoleReporter:
         # the training process, which writes it to its own sys.stderr/sys.stdout object.
         self.sink: Callable[[str], None] | None = None
         self.device_total: int | None = None
+        self.drops: dict[str, int] = {}  # what was dropped, by reason (the worker's, at its end)
         # (depth, phase) -> totals; the window folds into the run table when it resets.
         self._window: dict[tuple[int, str], _PhaseTotals] = {}
         self._run: dict[tuple[int, str], _PhaseTotals] = {}
@@ -317,7 +318,15 @@ class ConsoleReporter:
                 f"{name:<24}{fmt_seconds(t.seconds):>12}{_pct(100.0 * t.seconds / wall, t):>9}"
                 f"{t.count:>8}{fmt_bytes(t.peak):>13}{self._pct_device(t):>10}"
             )
-        return "\n".join(lines + self._verdicts())
+        return "\n".join(lines + self._dropped() + self._verdicts())
+
+    def _dropped(self) -> list[str]:
+        """What the figures above are missing (otel_train.dropped): shutdown() says False."""
+        if not self.drops:
+            return []
+        each = ", ".join(f"{n:,} {reason}" for reason, n in sorted(self.drops.items()))
+        return [f"telemetry dropped (not in the figures above): {each} "
+                "(reasons: docs/telemetry.md, otel_train.dropped)"]  # fmt: skip
 
     def _verdicts(self) -> list[str]:
         """The verdicts (verdicts.py) the summary's own figures decide: input-bound and

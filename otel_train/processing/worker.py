@@ -36,6 +36,7 @@ from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
 HANG_TICK_S = 0.25  # the hang watch's tick: its record's latency, its gauges' age
+SHED_S = 0.25  # past the drain deadline: how long taking and counting what is left may go on
 A_NAME, A_REASON = c.A_NAME, c.A_REASON
 
 
@@ -73,6 +74,10 @@ class Worker:
         self._cpu_steps = 0
         self._device_total = 0  # bytes, once the recorder knows the device's memory
         self.steps_processed = 0
+        # Set at the end once the time to drain has passed: steps taken are only counted
+        # (dropped{reason="shutdown"}), so that the summary and the flush meet the deadline.
+        self.shedding = False
+        self.shed_steps = 0
         self.failed = False
         self.hangs: Any = None  # the hang watch (hangs.HangWatch), ticked every wake
         # Called every wake: in the training process, the recorder's CUDA watch
@@ -118,8 +123,9 @@ class Worker:
             self.hangs = None
             _log.exception("otel-train: the hang watch failed; it is off")
 
-    def stop(self, deadline: float) -> None:
-        """Drain what resolves before ``deadline`` (monotonic seconds), then stop."""
+    def stop(self, deadline: float, shed_until: float | None = None) -> None:
+        """Drain what resolves before ``deadline`` (monotonic seconds), then count what
+        is left as dropped until ``shed_until`` (default SHED_S later), then stop."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -127,13 +133,19 @@ class Worker:
             self._watch_hangs()  # (a stall that just ended: its resolved record, its time)
         while True:
             self.process()
-            if not self.source.has_work() or time.monotonic() >= deadline or self.failed:
+            if not self.source.has_work() or self.failed:
                 break
+            if time.monotonic() >= deadline:
+                if self.shedding:
+                    break  # (what is left after that: the source's own bound counts it)
+                self.shedding = True  # the rest is counted as dropped, not processed
+                deadline = time.monotonic() + SHED_S if shed_until is None else shed_until
             time.sleep(0.005)
         if not self.failed:
             self._emit(self.sampler.close_window())
             if self.console.every:
                 self.console.print_window()
+        self.console.drops = self.drops()  # (the summary says what its figures miss)
 
     # -- processing --------------------------------------------------------------------
 
@@ -179,9 +191,13 @@ class Worker:
             return n
 
     def _take(self) -> Delivery:
-        """Finished steps in order (source.py), and the scalars recorded outside them."""
+        """Finished steps in order (source.py), and the scalars recorded outside them;
+        past the drain time at the end (``shedding``), counted as dropped instead."""
         delivery = self.source.take()
         self.counters = delivery.counters
+        if self.shedding:
+            self.shed_steps += delivery.step_count()
+            return Delivery(counters=delivery.counters)
         return delivery
 
     def _loose_scalars(self, scalars: list[tuple[str, float]]) -> None:
@@ -243,20 +259,26 @@ class Worker:
                 self.publisher.record(name, attrs, value)
         return n
 
+    def drops(self) -> dict[str, int]:
+        """What was dropped so far, by reason (contract A_REASON), the nonzero ones."""
+        counters = self.counters
+        reasons = (
+            ("queue_full", counters.dropped_steps),
+            ("late_phase", counters.dropped_phases),
+            ("scalar_names", counters.dropped_scalars),
+            ("sidecar", counters.dropped_handover),
+            ("shutdown", self.shed_steps),
+            *(self.export_drops().items() if self.export_drops is not None else ()),
+        )
+        return {reason: int(count) for reason, count in reasons if count}
+
     def _publish_counters(self) -> None:
         """The recorder's and the exporters' counters, the device's memory limit."""
         counters, agg = self.counters, self.agg
         agg.set(c.PENDING_STEPS.name, (), float(counters.pending))
         dropped = agg.values.setdefault(c.DROPPED.name, {})
-        for reason, count in (
-            ("queue_full", counters.dropped_steps),
-            ("late_phase", counters.dropped_phases),
-            ("scalar_names", counters.dropped_scalars),
-            ("sidecar", counters.dropped_handover),
-            *(self.export_drops().items() if self.export_drops is not None else ()),
-        ):
-            if count:
-                dropped[((A_REASON, reason),)] = float(count)
+        for reason, count in self.drops().items():
+            dropped[((A_REASON, reason),)] = float(count)
         if self.emitter is not None:
             agg.values.setdefault(c.SPANS_EMITTED.name, {})[()] = float(self.emitter.emitted)
         total = counters.memory_total or 0

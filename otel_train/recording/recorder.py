@@ -196,7 +196,21 @@ class Recorder(TraceEntries):
         except Exception:
             self._fail()
 
-    # -- the ring's way back (ring.py): what its writer did not take ------------------
+    # -- the ring's way in and back (ring.py) ------------------------------------------
+
+    def route_to(self, ring: Any) -> None:
+        """From now on the hooks' boundaries go straight to ``ring``'s writer (the C one:
+        no Python frame of ours), a raw session's hand-over (sidecar/raw.py); ``None``:
+        back to this recorder's own ``transition`` methods."""
+        self._ring = ring
+        if ring is None:
+            self.__dict__.pop("transition", None)
+            self.__dict__.pop("counted_transition", None)
+        else:
+            self.transition = ring.writer.transition  # type: ignore[method-assign]
+            self.counted_transition = ring.writer.counted  # type: ignore[method-assign]
+
+    # -- what the ring's writer did not take -----------------------------------------
 
     def refused_write(
         self, b: Boundary, samples: int | None, tokens: int | None, padded: int | None, t: int

@@ -43,7 +43,7 @@ SLOT = struct.Struct("<IIqQqqq")  # kind, name, t, stack, a, b, c
 # index and step stack token of its last idle point). The slots start at HEADER.
 HEAD = struct.Struct("<qqqqqqQq")
 (H_POS, H_LAST_T, H_ACK_SEQ, H_ACK_SESSION, H_ACK_POS, H_ACK_NEXT, H_ACK_TOKEN,
- _H_SPARE) = range(8)  # fmt: skip
+ H_DRAIN_BY) = range(8)  # fmt: skip
 HEADER = HEAD.size
 SIDE = 15  # the entry is beside the ring (Ring.sides), keyed by the slot's position
 FIRST_CODE = 16  # boundary codes: FIRST_CODE + their index in Tables.boundaries
@@ -289,6 +289,18 @@ def publish_ack(view: Any, session: int, pos: int, next_index: int, token: int) 
     _ACK_POS.pack_into(view, H_ACK_SEQ * 8, seq + 1)
     _ACK.pack_into(view, H_ACK_SESSION * 8, session, pos, next_index, token)
     _ACK_POS.pack_into(view, H_ACK_SEQ * 8, seq + 2)
+
+
+def publish_drain_by(view: Any, t_ns: int) -> None:
+    """The training process is ending: what the reader has not applied by ``t_ns``
+    (monotonic, the same clock in both processes) it counts as dropped, not applies."""
+    _ACK_POS.pack_into(view, H_DRAIN_BY * 8, t_ns)
+
+
+def read_drain_by(view: Any) -> int:
+    """The time ``publish_drain_by`` set, or 0 while the training process runs on."""
+    (t_ns,) = _ACK_POS.unpack_from(view, H_DRAIN_BY * 8)
+    return int(t_ns)
 
 
 def read_ack(view: Any) -> tuple[int, int, int, int]:

@@ -149,6 +149,8 @@ class Agent:
     def handle(self, message: tuple[Any, ...]) -> bool:
         """Apply one message; False at the end."""
         kind = message[0]
+        if not self.worker.shedding and self.source.past_drain():
+            self.worker.shedding = True  # (the training process is ending: see replica.py)
         if kind == wire.DELIVERY:
             _, _, _, _, regions, counts, probe_state, facts = message
             if facts is not None:
@@ -223,7 +225,10 @@ class Agent:
     def end(self, budget_s: float) -> None:
         deadline = time.monotonic() + max(0.0, budget_s - 0.2)  # kept for the exit itself
         self.source.finish()
-        self.worker.stop(time.monotonic() + (deadline - time.monotonic()) / 2)
+        now = time.monotonic()
+        # Half the budget to process what is left, then counting the rest as dropped
+        # until a quarter is left for the summary and the flush.
+        self.worker.stop(now + (deadline - now) / 2, now + 3 * (deadline - now) / 4)
         if self.settings.console != "off":
             try:
                 self.worker.console.print_summary()
@@ -232,7 +237,9 @@ class Agent:
         if self.relay is not None:
             send_metrics(self.relay, self.worker.agg)
             self._drain_relay(deadline)
-        self.in_time = self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+        exported = self.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+        # (anything dropped, the export's own drops included: shutdown() says False)
+        self.in_time = exported and not self.worker.drops()
 
     def _drain_relay(self, deadline: float) -> None:
         """What the relay's pipe has not taken yet, before this process exits."""

@@ -28,7 +28,7 @@ from ..processing.efficiency import EfficiencyTracker
 from ..processing.hang_details import LocalHangs, hang_label
 from ..processing.source import Counters, Delivery, StepSource
 from ..recording.regions import RegionLog
-from ..recording.ring import Ring
+from ..recording.ring import Ring, publish_drain_by
 from ..settings import ConfigError, Settings
 from . import wire
 from .handback import ConsoleHandback
@@ -346,6 +346,9 @@ class Feeder:
         """Hand on what resolves before ``drain_until``, then end the sidecar by
         ``deadline`` (monotonic seconds; killed past it). True if it ended in time."""
         self._stop.set()
+        # What the sidecar has not applied by then it counts as dropped: a backlog read
+        # whole would keep it past the deadline (then killed: no summary, no count).
+        publish_drain_by(self.ring.view, int(drain_until * 1e9))
         with self._lock:
             self.process.gone()  # (then what is left is dropped and counted, not queued)
             while True:

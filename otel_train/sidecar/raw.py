@@ -107,13 +107,10 @@ class RawHandover:
         self.ends_at = writer.pos + room - NEAR_WINDOW if room < INT64_MAX else INT64_MAX
         writer.due = min(self.ends_at, (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS)
         writer.open = 1
-        rec._ring = ring
         log = rec._log  # (a partial step's entries, kept for the next pump: slots first)
         while log:
             ring.put_entry(log.popleft())
-        # The hooks call the writer directly (the C one: no Python frame of ours).
-        rec.transition = writer.transition  # type: ignore[method-assign]
-        rec.counted_transition = writer.counted  # type: ignore[method-assign]
+        rec.route_to(ring)  # the hooks call the writer directly
         self._idle = (rec._next_index, stack)
         token = ring.tables.token_of(stack) if stack is not None else None
         self._send((wire.RAW_BEGIN, self.session, rec._next_index, token, self._acked,
@@ -266,10 +263,7 @@ class RawHandover:
         """The hooks write no more to the ring: a write in flight now is refused and goes
         to the log, and the recorder's own ``transition`` methods are back."""
         self.ring.writer.open = 0
-        rec = self.rec
-        rec._ring = None
-        rec.__dict__.pop("transition", None)
-        rec.__dict__.pop("counted_transition", None)
+        self.rec.route_to(None)
 
     def _acked_from_header(self) -> None:
         """A shared ring's last acknowledgement, as the sidecar published it."""

@@ -21,7 +21,7 @@ from typing import Any
 from ..processing.blocks import Shape
 from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.recorder import Recorder
-from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, written
+from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
 from . import wire
 from .wire import replica_stacks, stack_of
 
@@ -239,6 +239,14 @@ class RemoteSource:
         with self._lock:
             if self.session is not None:
                 self._hold(self._replica_take(keep_partial=False))
+
+    def past_drain(self) -> bool:
+        """Whether the training process is ending and the time it gave to apply what
+        is left has passed (ring.publish_drain_by): what is left is counted, not applied."""
+        if self._view is None:
+            return False
+        drain_by = read_drain_by(self._view)
+        return drain_by > 0 and time.monotonic_ns() >= drain_by
 
     def has_work(self) -> bool:
         # (a partial step kept in the replica's log is not work until finish())
