@@ -84,12 +84,25 @@ def _step_spans(rank: RankRecord) -> dict[int, dict[str, Any]]:
     }
 
 
-def _from_spans(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: int) -> Steady:
-    phases: dict[str, dict[str, float]] = {}
+def _phase_seconds(rank: RankRecord) -> dict[str, dict[str, float]]:
+    """Seconds by phase name under each step span (by its span id): each phase span goes
+    to the step span above it (a trace may hold several steps: step(parent=carrier))."""
+    by_id = {s["spanId"]: s for s in rank.spans}
+    out: dict[str, dict[str, float]] = {}
     for s in rank.spans:
-        if s["name"] != c.STEP_SPAN.name:
-            by = phases.setdefault(s["traceId"], {})
+        if s["name"] == c.STEP_SPAN.name:
+            continue
+        up, hops = by_id.get(s.get("parentSpanId", "")), 0
+        while up is not None and up["name"] != c.STEP_SPAN.name and hops < 64:
+            up, hops = by_id.get(up.get("parentSpanId", "")), hops + 1
+        if up is not None and up["name"] == c.STEP_SPAN.name:
+            by = out.setdefault(up["spanId"], {})
             by[s["name"]] = by.get(s["name"], 0.0) + _duration(s["attributes"])
+    return out
+
+
+def _from_spans(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: int) -> Steady:
+    phases = _phase_seconds(rank)
     samples: list[Sample] = []
     left_out: dict[str, int] = {}
     for _, span in sorted(steps.items()):
@@ -99,7 +112,7 @@ def _from_spans(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: int)
             continue
         a = span["attributes"]
         seconds = float(a.get(c.STEP_HOST_DURATION.key) or 0.0)
-        samples.append(Sample(1, seconds, phases.get(span["traceId"], {}),
+        samples.append(Sample(1, seconds, phases.get(span["spanId"], {}),
                               a.get(c.STEP_DATA_STALL.key),
                               float(a.get(c.STEP_COLLECTIVE_WAIT.key) or 0.0),
                               a.get(c.STEP_MFU.key), a.get(c.STEP_THROUGHPUT_SAMPLES.key),
