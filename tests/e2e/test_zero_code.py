@@ -161,6 +161,20 @@ def test_an_unmodified_script_sends_its_steps_phases_and_metrics(
     assert re.search(r"^\s+-> otel_train\.rank: Int\(0\)$", text, re.M)  # (the detector)
 
 
+def test_with_metrics_exporter_none_the_steps_are_still_traced(
+    collector: Any, tmp_path: Path
+) -> None:
+    """``OTEL_METRICS_EXPORTER=none`` gives an SDK meter provider with no reader (issue 38:
+    a TypeError, no spans, no table): the spans still arrive, no metric does."""
+    script, steps, phases = PLAIN
+    text = run_instrumented(stripped(script, tmp_path), collector, OTEL_METRICS_EXPORTER="none",
+                            OTEL_TRAIN_CONSOLE="stderr")  # fmt: skip
+    received = spans(text)
+    assert sum(s.get("Name") == "otel_train.step" for s in received) == steps
+    assert Counter(s["Name"] for s in received if s.get("Name") != "otel_train.step") == phases
+    assert not metric_points(text, "otel_train.steps")
+
+
 def test_disabled_the_instrumentation_sends_nothing_of_ours(collector: Any, tmp_path: Path) -> None:
     user_span = 'from opentelemetry import trace\ntrace.get_tracer("user").start_span("mine").end()'
     script = stripped(PLAIN[0], tmp_path, tail=user_span)
