@@ -25,6 +25,13 @@ def tiny_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
+def attached(model: torch.nn.Module) -> bool:
+    """Whether otel-train times the model's forward: its class is then one made for it,
+    which names the model's own as its ``__class__`` (adapters/own_class.py), or the
+    instance's own forward is wrapped in place."""
+    return type(model) is not model.__class__ or "forward" in vars(model)
+
+
 def tiny_loader(n: int = 32, batch_size: int = 8, **kwargs: Any) -> torch.utils.data.DataLoader:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from otel_helpers import providers
+from otel_helpers import attached, providers
 
 import otel_train
 from otel_train import contract as c
@@ -336,7 +336,7 @@ def test_rejected_values_fail_at_instrument_before_anything_is_attached(
     with pytest.raises(ConfigError) as raised:
         otel_train.instrument(model, optimizer=opt, **{name: value})
     assert f"'{name}'" in str(raised.value)
-    assert "forward" not in vars(model) and not opt._optimizer_step_pre_hooks
+    assert not attached(model) and not opt._optimizer_step_pre_hooks
     assert otel_train.session.current() is None
 
 
@@ -353,10 +353,10 @@ def test_accepted_values_start_a_session_or_fail_with_config_error(name: str, va
         inst = otel_train.instrument(model, **settings)
     except ConfigError as err:
         assert f"'{name}'" in str(err)
-        assert "forward" not in vars(model) and otel_train.session.current() is None
+        assert not attached(model) and otel_train.session.current() is None
         return
     try:
-        assert inst.active and "forward" in vars(model)
+        assert inst.active and attached(model)
         model(torch.randn(1, 2))
     finally:
         assert otel_train.shutdown(0.5) in (True, False)

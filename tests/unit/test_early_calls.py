@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from otel_helpers import providers, tiny_loader, tiny_model, train_epoch, value
+from otel_helpers import attached, providers, tiny_loader, tiny_model, train_epoch, value
 
 import otel_train
 from otel_train import contract as c
@@ -120,7 +120,7 @@ def test_a_second_configuration_with_other_settings_is_still_an_error() -> None:
     text = str(err.value)
     assert "setting 'console_every' is 5 there, 0 here" in text
     assert "started by otel_train.configure()" in text
-    assert "forward" not in vars(model)
+    assert not attached(model)
 
 
 def test_a_bad_configuration_after_early_calls_fails_and_leaves_no_session() -> None:

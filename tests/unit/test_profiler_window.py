@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from otel_helpers import providers
+from otel_helpers import attached, providers
 
 import otel_train
 from otel_train import contract as c
@@ -190,7 +190,7 @@ def test_memory_snapshot_without_cuda_is_a_config_error_at_instrument(mode: str)
     with pytest.raises(otel_train.ConfigError) as raised:
         otel_train.instrument(model, **providers(InMemoryTelemetry()), memory_snapshot=mode)
     assert "'memory_snapshot'" in str(raised.value) and "CUDA is not available" in str(raised.value)
-    assert "forward" not in vars(model) and otel_train.session.current() is None
+    assert not attached(model) and otel_train.session.current() is None
 
 
 def test_under_otel_train_only_its_step_spans_carry_the_link(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 import torch
-from otel_helpers import providers
+from otel_helpers import attached, providers
 
 import otel_train
 from otel_train.settings import ConfigError, Settings, settings_table
@@ -71,7 +71,7 @@ def test_bad_keyword_value_fails_at_instrument_naming_the_setting(name: str) -> 
     assert f"'{name}'" in message
     assert f"argument {name}=" in message
     assert accepted in message
-    assert "forward" not in vars(model)  # nothing attached
+    assert not attached(model)  # nothing attached
     assert otel_train.session.current() is None
 
 
@@ -90,7 +90,7 @@ def test_bad_environment_value_fails_at_instrument_naming_the_variable(
     assert f"'{name}'" in message
     assert f"OTEL_TRAIN_{name.upper()}" in message
     assert accepted in message
-    assert "forward" not in vars(model)
+    assert not attached(model)
 
 
 def test_config_error_is_a_value_error() -> None:
@@ -149,7 +149,7 @@ def test_port_in_use_is_a_config_error_naming_prometheus_port(
         assert "'prometheus_port'" in message
         assert str(port) in message
         assert "already in use" in message
-        assert "forward" not in vars(model)
+        assert not attached(model)
         assert otel_train.session.current() is None
 
 
