@@ -51,6 +51,20 @@ def test_without_accumulation_phases_are_direct_children_of_the_step(tel, otel_k
     assert [s.attributes[c.STEP_TOKENS.key] for s in steps] == [2 * (SEQ - PAD)] * 2
 
 
+def test_reentrant_activation_checkpointing_gives_one_backward_a_step(tel, otel_kwargs) -> None:
+    """Reentrant checkpointing recomputes each layer in backward and calls backward there
+    (issue 38 item 7): those calls are part of the step's one backward phase."""
+    trainer = hf_trainer(grad_accum=1, max_steps=2, batch_size=2, activation_checkpointing=True,
+                         activation_checkpointing_kwargs={"use_reentrant": True})  # fmt: skip
+    otel_train.instrument(trainer, **otel_kwargs)
+    trainer.train()
+    otel_train.shutdown()
+
+    steps = step_spans(tel)
+    assert [tree(tel, s) for s in steps] == [["data", "forward", "backward", "optimizer"]] * 2
+    assert phase_counts(tel)["backward"] == 2
+
+
 def test_evaluation_between_steps_adds_no_steps_or_phases(tel, otel_kwargs) -> None:
     trainer = hf_trainer(grad_accum=1, max_steps=2, batch_size=8, eval_strategy="steps",
                          eval_steps=1, per_device_eval_batch_size=16)  # fmt: skip
