@@ -12,15 +12,10 @@ is renamed ``.1.jsonl`` (older parts shift, the oldest is deleted), so a directo
 grows past its cap. A write that fails (a full disk) drops that batch, counts it in
 ``otel_train.dropped{reason="run_record"}`` and warns once; later batches try again.
 
-The run directory is its owner's: created with mode 0700 (files 0600; a umask can only
-take more away), so another user on a shared ``run_dir`` can neither read the record nor
-plant files in it. It is created exclusively: a process of its own (no run id, no
-launcher) takes ``<name>-2``, ``-3``, ... when its name is taken; the processes of one
-run (ranks under a launcher, a run id) share it, and a rank takes an existing one only
-when it is a directory of this user that no one else can write to; otherwise the run
-records nothing and says why once. Files are created with ``O_EXCL | O_NOFOLLOW`` (a
-file of that name already there, from an earlier start under the same run id, is first
-rotated away as an older part: a planted symbolic link is moved, never followed).
+The directory is its owner's and made at the first write (run_directory.py). Files are
+mode 0600, created with ``O_EXCL | O_NOFOLLOW`` (a file of that name already there, from
+an earlier start under the same run id, is first rotated away as an older part: a
+planted symbolic link is moved, never followed).
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import base64
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -43,11 +37,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..identity import local_rank, rank, run_id
 from ..settings import Settings
+from .run_directory import RunDirectory, free_name
 
 _log = logging.getLogger("otel_train")
 
-DIRECTORY_MODE = 0o700  # the run directory's (before the umask), its files': FILE_MODE
-FILE_MODE = 0o600
+FILE_MODE = 0o600  # (the directory's: run_directory.DIRECTORY_MODE)
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
 RECORD_INTERVAL_S = 5.0  # metric snapshots in the record (at most the export interval)
 KEEP_PARTS = 3  # rotated parts kept per file besides the current one
@@ -69,55 +63,19 @@ class RecordPlan:
     directory: str
     prefix: str  # file name prefix: rank<R>
     max_bytes: int
+    shared: bool  # the processes of one run write there (run_directory.py)
 
 
 def plan(settings: Settings, service_name: str) -> RecordPlan | None:
-    """Where this process records, its directory made (None: no record; said why)."""
+    """Where this process records (its directory is made at the first write)."""
     if settings.run_dir == "off":
         return None
     shared = run_id() is not None or local_rank() is not None
     name = directory_name(service_name, run_id() or _start_stamp())
-    try:
-        directory = make_run_directory(settings.run_dir, name, shared)
-    except OSError as err:
-        _log.warning("otel-train: no run record: %s; training goes on", err)
-        return None
-    return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024)
-
-
-def make_run_directory(run_dir: str, name: str, shared: bool) -> str:
-    """The run's directory ``run_dir/name``, created exclusively with DIRECTORY_MODE.
-    ``shared`` (the processes of one run write there): an existing one is taken when it
-    is this user's own directory that no one else can write to; else a taken name gets
-    ``-2``, ``-3``, ...; OSError says why none could be had."""
-    os.makedirs(run_dir, exist_ok=True)
-    for n in range(1, 100):
-        path = os.path.abspath(os.path.join(run_dir, name if n == 1 else f"{name}-{n}"))
-        try:
-            os.mkdir(path, DIRECTORY_MODE)
-            return path
-        except FileExistsError:
-            if not shared:
-                continue
-            problem = _not_own_directory(path)
-            if problem:
-                raise OSError(f"{path} exists and {problem}") from None
-            return path
-    raise OSError(f"{name} and its next 98 numbered names in {run_dir} are taken")
-
-
-def _not_own_directory(path: str) -> str:
-    """Why ``path`` is no directory of this user's that only they can write to ('': it is)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.geteuid():
-        return f"belongs to another user (uid {st.st_uid})"
-    if st.st_mode & 0o022:
-        return f"others can write to it (mode {stat.S_IMODE(st.st_mode):o})"
-    return ""
+    directory = os.path.abspath(os.path.join(settings.run_dir, name))
+    if not shared:
+        directory = free_name(directory)
+    return RecordPlan(directory, f"rank{rank()}", settings.run_record_mb * 1024 * 1024, shared)
 
 
 def directory_name(service_name: str, run: str) -> str:
@@ -154,9 +112,10 @@ class RecordFile:
     """One JSON Lines file with its size cap and rotation; thread-safe. Opened at its
     first write, created exclusively (module docstring)."""
 
-    def __init__(self, directory: Path, prefix: str, kind: str, part_bytes: int) -> None:
-        self._names = (directory, prefix, kind)
-        self.path = directory / part_name(prefix, kind)
+    def __init__(self, directory: RunDirectory, prefix: str, kind: str, part_bytes: int) -> None:
+        self.directory = directory
+        self._names = (prefix, kind)
+        self.path = Path(directory.planned) / part_name(prefix, kind)  # (once made: its own)
         self.part_bytes = max(4096, part_bytes)
         self.dropped = 0  # batches (spans or metric points) not written
         self._warned = False
@@ -199,6 +158,7 @@ class RecordFile:
 
     def _open(self) -> int:
         """The current part, created exclusively; one already there is rotated away."""
+        self.path = self.directory.path() / part_name(*self._names)
         if os.path.lexists(self.path):
             self._rotate()
         self._fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
@@ -218,10 +178,10 @@ class RecordFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        directory, prefix, kind = self._names
+        prefix, kind = self._names
 
         def part(i: int) -> Path:
-            return directory / part_name(prefix, kind, i)
+            return self.path.parent / part_name(prefix, kind, i)
 
         part(KEEP_PARTS).unlink(missing_ok=True)
         for i in range(KEEP_PARTS - 1, 0, -1):
@@ -326,7 +286,7 @@ def _points(metrics_data: Any) -> int:
 
 def record_files(record: RecordPlan) -> tuple[RecordFile, RecordFile]:
     """(traces, metrics) files of ``record``; spans get three quarters of the cap."""
-    base = Path(record.directory)
+    base = RunDirectory(record.directory, record.shared)
     part = record.max_bytes // (KEEP_PARTS + 1)
     traces = RecordFile(base, record.prefix, "traces", part * 3 // 4)
     metrics = RecordFile(base, record.prefix, "metrics", part // 4)

@@ -19,6 +19,7 @@ from otel_train import contract as c
 from otel_train import session as session_mod
 from otel_train.export import record
 from otel_train.export.record import KEEP_PARTS, RecordFile
+from otel_train.export.run_directory import DIRECTORY_MODE, RunDirectory, make_run_directory
 from otel_train.settings import Settings
 
 JOB = textwrap.dedent("""
@@ -78,7 +79,7 @@ def test_a_run_writes_otlp_json_lines_and_says_where(tmp_path: Path) -> None:
     assert f"otel-train: run record in {run}" in job.stderr  # at start
     umask = os.umask(0)
     os.umask(umask)
-    assert run.stat().st_mode & 0o777 == record.DIRECTORY_MODE & ~umask == 0o700 & ~umask
+    assert run.stat().st_mode & 0o777 == DIRECTORY_MODE & ~umask == 0o700 & ~umask
     for f in run.iterdir():
         assert f.stat().st_mode & 0o777 == record.FILE_MODE == 0o600
     assert f"(report: otel-train report {run})" in job.stderr  # at the summary's end
@@ -122,7 +123,7 @@ def test_a_bad_run_dir_names_the_setting() -> None:
 
 
 def test_rotation_keeps_the_file_set_under_its_cap(tmp_path: Path) -> None:
-    f = RecordFile(tmp_path, "rank0", "traces", part_bytes=10_000)
+    f = RecordFile(RunDirectory(str(tmp_path), shared=True), "rank0", "traces", part_bytes=10_000)
     line = json.dumps({"x": "y" * 1000}) + "\n"
     for _ in range(200):
         assert f.write(line, 1)
@@ -137,9 +138,10 @@ FAILING_WRITES = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path
     from otel_train.export.record import RecordFile
+    from otel_train.export.run_directory import RunDirectory
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (EFBIG instead of the signal)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
-    f = RecordFile(Path(sys.argv[1]), "rank0", "traces", part_bytes=10**6)
+    f = RecordFile(RunDirectory(sys.argv[1], True), "rank0", "traces", part_bytes=10**6)
     print(f.write("{}\\n", 3), f.write("{}\\n", 2), f.dropped)
 """)
 
@@ -157,8 +159,8 @@ def test_a_failing_write_drops_counts_and_warns_once(tmp_path: Path) -> None:
 def test_training_goes_on_when_the_record_cannot_be_written_and_drops_are_counted(
     tmp_path: Path,
 ) -> None:
-    """The real sidecar writes the record; with its directory removed after start (every
-    file it opens fails), training runs to the end and
+    """The real sidecar writes the record; with a file where its directory is to be made
+    (at the first write: every write fails), training runs to the end and
     otel_train.dropped{reason=run_record} counts what was lost."""
     stamp = "gone"
     run = tmp_path / f"otel-train-{stamp}"
@@ -170,7 +172,8 @@ def test_training_goes_on_when_the_record_cannot_be_written_and_drops_are_counte
         sess = session_mod.current()
         assert sess is not None and sess.record is not None
         assert sess.record.directory == str(run) and sess.feeder is not None
-        run.rmdir()  # (empty: files are opened at their first write)
+        assert not run.exists()  # (made at the first write)
+        run.write_text("not a directory")
         for _ in range(8):
             with otel_train.step(samples=1), otel_train.phase("forward"):
                 model(model.weight.new_ones(1, 4))
@@ -245,6 +248,11 @@ def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_id: str | None) -
     return record.plan(Settings.resolve({"run_dir": str(tmp_path)}, environ={}), "svc")
 
 
+def _first_write(plan: object) -> tuple[RecordFile, bool]:
+    traces, _ = record.record_files(plan)  # type: ignore[arg-type]
+    return traces, traces.write("{}\n", 1)
+
+
 def test_a_run_directory_that_is_a_symlink_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -252,7 +260,8 @@ def test_a_run_directory_that_is_a_symlink_is_not_used(
     elsewhere.mkdir(mode=0o700)
     (tmp_path / "svc-r1").symlink_to(elsewhere)
     with caplog.at_level(logging.WARNING, logger="otel_train"):
-        assert _plan(tmp_path, monkeypatch, "r1") is None
+        traces, written = _first_write(_plan(tmp_path, monkeypatch, "r1"))
+    assert not written and traces.dropped == 1 and not list(elsewhere.iterdir())
     assert "svc-r1 exists and is a symbolic link" in caplog.text
 
 
@@ -263,7 +272,8 @@ def test_a_run_directory_others_can_write_to_is_not_used(
     shared.mkdir()
     shared.chmod(0o777)  # (made by someone else for everyone: a planted directory)
     with caplog.at_level(logging.WARNING, logger="otel_train"):
-        assert _plan(tmp_path, monkeypatch, "r2") is None
+        traces, written = _first_write(_plan(tmp_path, monkeypatch, "r2"))
+    assert not written and traces.dropped == 1 and not list(shared.iterdir())
     assert "svc-r2 exists and others can write to it (mode 777)" in caplog.text
 
 
@@ -272,17 +282,31 @@ def test_a_run_of_the_same_run_id_shares_its_own_directory(
 ) -> None:
     """The ranks of one run share the directory the first of them made."""
     first, second = _plan(tmp_path, monkeypatch, "r3"), _plan(tmp_path, monkeypatch, "r3")
-    assert first is not None and second is not None
+    assert _first_write(first)[1] and _first_write(second)[1]
     assert first.directory == second.directory == str(tmp_path / "svc-r3")  # type: ignore[attr-defined]
 
 
-def test_a_lone_process_never_reuses_an_existing_directory(tmp_path: Path) -> None:
+def test_a_process_that_writes_nothing_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _plan(tmp_path, monkeypatch, None)
+    record.record_files(plan)  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_lone_process_never_reuses_an_existing_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """No run id, no launcher: the directory is made exclusively; a name taken (another
-    run started in the same second, or a planted directory) gets the next number."""
-    made = [record.make_run_directory(str(tmp_path), "svc-20260101T000000Z", shared=False)
-            for _ in range(3)]  # fmt: skip
+    run started in the same second, or a planted directory) gets the next number, and
+    where the record went is said when it is not where the start said."""
+    base = str(tmp_path / "svc-20260101T000000Z")
+    made = [make_run_directory(base, shared=False) for _ in range(3)]
     assert [Path(m).name for m in made] == [
         "svc-20260101T000000Z", "svc-20260101T000000Z-2", "svc-20260101T000000Z-3"]  # fmt: skip
-    (tmp_path / "svc-20260101T000001Z").symlink_to(tmp_path / "nowhere")
-    taken = record.make_run_directory(str(tmp_path), "svc-20260101T000001Z", shared=False)
-    assert Path(taken).name == "svc-20260101T000001Z-2" and not Path(taken).is_symlink()
+    plan = _plan(tmp_path / "runs", monkeypatch, None)
+    Path(plan.directory).mkdir(parents=True)  # type: ignore[attr-defined]  # (taken meanwhile)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        traces, written = _first_write(plan)
+    assert written and traces.path.parent.name == Path(plan.directory).name + "-2"  # type: ignore[attr-defined]
+    assert f"run record in {traces.path.parent} ({plan.directory} was taken" in caplog.text  # type: ignore[attr-defined]
