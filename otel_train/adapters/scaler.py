@@ -7,8 +7,8 @@ optimizer hook runs, so the adapters' step stayed open and the next iteration ra
 While an adapter holds it (:func:`hold_scaler`), ``GradScaler.step`` is wrapped
 process-wide: when the holder's count of optimizer steps (``optimizer_steps``, counted
 by its post-hook) did not move during the call, ``optimizer_skipped(optimizer)`` ends
-the step, with no optimizer phase. GradScaler read its overflow flags itself (its own
-sync); this reads none.
+the step, with no optimizer phase (it returns True when the optimizer was the holder's).
+GradScaler read its overflow flags itself (its own sync); this reads none.
 
 Usage (what the plain-loop adapters do)::
 
@@ -48,8 +48,8 @@ def _scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
     for owner, count in counts:
         if owner.optimizer_steps == count:
             try:  # telemetry never raises into training
-                _say_skipped()
-                owner.optimizer_skipped(optimizer)
+                if owner.optimizer_skipped(optimizer):
+                    _say_skipped()
             except Exception:
                 _log.exception("otel-train: ending a step GradScaler skipped failed")
     return result

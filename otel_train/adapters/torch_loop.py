@@ -295,11 +295,13 @@ class TorchLoopAdapter:
         except Exception:
             self._failed()
 
-    def optimizer_skipped(self, optimizer: Any) -> None:
+    def optimizer_skipped(self, optimizer: Any) -> bool:
         """GradScaler skipped the optimizer's step (its gradients overflowed): the step
-        ends there all the same, with no optimizer phase (scaler.py)."""
+        ends there all the same, with no optimizer phase (scaler.py). False: not ours."""
         if self.active and (self.optimizer is None or optimizer is self.optimizer):
             self.optimizer_post_hook(optimizer, (), {})
+            return True
+        return False
 
     def _check_forward(self) -> None:
         """No training forward of ours ran in this step: if the model's forward was

@@ -12,11 +12,18 @@ from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_m
 
 import otel_train
 from otel_train import contract as c
+from otel_train.adapters import scaler
 from otel_train.instrumentor import OtelTrainInstrumentor
 from otel_train.testing import InMemoryTelemetry
 
 ITERATIONS = 6
 OVERFLOW = (1, 2, 4)  # iterations whose loss is inf: the scaler skips their step
+
+
+@pytest.fixture(autouse=True)
+def unsaid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The skip is said once a process: here once a test."""
+    monkeypatch.setattr(scaler, "_skipped_said", [])
 
 
 def scaled_loop(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> list[float]:
@@ -75,3 +82,27 @@ def test_skipped_optimizer_steps_are_steps_under_zero_code() -> None:
     finally:
         inst.uninstrument()
     check_steps(tel, scales)
+
+
+def test_a_step_of_another_optimizer_is_no_skip(caplog: pytest.LogCaptureFixture) -> None:
+    """One scaler, two optimizers (a GAN's), the adapter watching one: the other's taken
+    step neither ends a step nor is said to be skipped."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    critic = torch.nn.Linear(8, 1)
+    critic_opt = torch.optim.SGD(critic.parameters(), lr=0.01)
+    loader = tiny_loader(n=8 * ITERATIONS)
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
+                          trace_steps="all", **providers(tel))  # fmt: skip
+    grad_scaler = torch.amp.GradScaler("cpu")
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y) + critic(x).mean()
+        opt.zero_grad()
+        critic_opt.zero_grad()
+        grad_scaler.scale(loss).backward()
+        grad_scaler.step(critic_opt)
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    otel_train.shutdown()
+    assert len(step_spans(tel.spans())) == ITERATIONS
+    assert not [r for r in caplog.records if "GradScaler skipped" in r.getMessage()]
