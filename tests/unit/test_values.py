@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 import otel_train
 from otel_train import contract as c
+from otel_train.recording import values
 from otel_train.testing import InMemoryTelemetry
 
 
@@ -71,9 +72,10 @@ def test_a_dtensor_loss_on_cuda_is_copied_from_its_local_tensor(
 
 
 def test_a_dtensor_whose_value_lies_across_ranks_is_not_read(
-    mesh: Any, caplog: pytest.LogCaptureFixture
+    mesh: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pending sum (``Partial``) is read only through a collective: not by telemetry."""
+    monkeypatch.setattr(values, "_across_said", [])  # (said once a process: here, a test)
     partial = DTensor.from_local(torch.tensor(1.5), mesh, [Partial()])
     tel, enabled = record_loss(partial)
     assert enabled
