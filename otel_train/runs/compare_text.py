@@ -36,6 +36,15 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def headline(result: dict[str, Any]) -> str:
+    """One line: what changed beyond noise, and what did not."""
+    moved = [f"{r['metric']} {r['change']}" for r in result["rows"]
+             if r["verdict"] not in ("within noise", "no ratio")]  # fmt: skip
+    still = [r["metric"] for r in result["rows"] if r["verdict"] == "within noise"]
+    out = "B against A: " + ("; ".join(moved) if moved else "no change beyond noise")
+    return out + (f"; within noise: {', '.join(still)}" if moved and still else "")
+
+
 def text(result: dict[str, Any]) -> str:
     m = result["method"]
     lines = [_side_line("A", result["a"]), _side_line("B", result["b"]),
@@ -43,7 +52,7 @@ def text(result: dict[str, Any]) -> str:
              f"steps are warm-up); B/A with a {m['level']:.0%} percentile bootstrap interval "
              f"({m['rounds']} rounds, seed {m['seed']}); a change counts beyond noise when "
              f"its interval leaves out 1 and it is over {100 * m['tolerance']:g}%", ""]  # fmt: skip
-    lines += _table(result["rows"])
+    lines += [headline(result), "", *_table(result["rows"])]
     for r in result["ranks"]:
         lines += [f"rank {r['rank']}:", *_table(r["rows"])[1:]]
     memory = [x for x in result["memory"] if x["a"] is not None or x["b"] is not None]

@@ -139,6 +139,8 @@ def test_the_table_says_how_it_decided(
     assert "left out: 5 warm-up" in out
     assert "95% percentile bootstrap interval (1000 rounds, seed 0)" in out
     assert "phase:data" in out and "% slower (95% interval" in out
+    (head,) = [line for line in out.splitlines() if line.startswith("B against A: ")]
+    assert "phase:data " in head and "step " in head and "% slower (95% interval" in head
 
 
 def test_sampled_records_compare_metric_intervals(
