@@ -83,6 +83,7 @@ def test_two_runs_of_one_command_are_within_noise_for_every_figure(
     assert code == 0
     changed = {r["metric"]: r["change"] for r in result["rows"] if r["verdict"] != "within noise"}
     assert not changed, changed
+    assert result["settings"] == []  # one command: no set-up difference
     assert {r["metric"] for r in result["rows"]} >= {
         "step",
         "phase:forward",
@@ -147,12 +148,14 @@ def test_sampled_records_compare_metric_intervals(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a = _record(tmp_path, "ia", "--delay", "0.001", "--steps", "200", "--trace", "sampled")
-    b = _record(tmp_path, "ib", "--delay", "0.003", "--steps", "200", "--trace", "sampled")
+    b = _record(tmp_path, "ib", "--delay", "0.003", "--steps", "200", "--trace", "sampled",
+                "--batch", "12")  # fmt: skip
     code, result, _ = _compare(capsys, a, b)
     assert code == 0 and result["a"]["unit"] == "interval"
     assert result["a"]["samples"] >= 3 and result["b"]["samples"] >= 3
     assert sum(result["b"]["left_out"].values()) >= 5
     assert _rows(result)["phase:data"]["verdict"] == "slower", result
+    assert result["settings"] == [{"name": "samples per step", "a": 8.0, "b": 12.0}]
 
 
 def test_bad_arguments_are_named(
