@@ -63,6 +63,7 @@ class StepSource:
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
+        self.shed_steps = 0  # (the sidecar's source counts some at the end: replica.py)
         self.clock = DeviceClock()
         self.shapes: dict[Any, Shape] = {}
 

@@ -36,6 +36,7 @@ from .spans import SpanEmitter
 
 _log = logging.getLogger("otel_train")
 HANG_TICK_S = 0.25  # the hang watch's tick: its record's latency, its gauges' age
+MAX_BLOCKS = 64  # blocks processed at a time (a block: steps of one shape)
 SHED_S = 0.25  # past the drain deadline: how long taking and counting what is left may go on
 A_NAME, A_REASON = c.A_NAME, c.A_REASON
 
@@ -77,7 +78,9 @@ class Worker:
         # Set at the end once the time to drain has passed: steps taken are only counted
         # (dropped{reason="shutdown"}), so that the summary and the flush meet the deadline.
         self.shedding = False
+        self.shed_at = float("inf")  # (monotonic seconds: stop() sets it, the thread reads it)
         self.shed_steps = 0
+        self._rest: list[Any] = []  # a large delivery's blocks not processed yet
         self.failed = False
         self.hangs: Any = None  # the hang watch (hangs.HangWatch), ticked every wake
         # Called every wake: in the training process, the recorder's CUDA watch
@@ -102,7 +105,7 @@ class Worker:
             now = time.monotonic()
             if self.on_wake is not None:
                 self.on_wake()
-            if now - last >= self.period_s or source.backlog_due():
+            if now - last >= self.period_s or source.backlog_due() or self._rest:
                 last = now
                 self.process()
             if self.hangs is not None and now - watched >= HANG_TICK_S:
@@ -127,20 +130,22 @@ class Worker:
         """Drain what resolves before ``deadline`` (monotonic seconds), then count what
         is left as dropped until ``shed_until`` (default SHED_S later), then stop."""
         self._stop.set()
+        self.shed_at = deadline  # (a delivery the thread is on now: counted past it)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(max(0.0, deadline - time.monotonic()))
         if self.hangs is not None:
             self._watch_hangs()  # (a stall that just ended: its resolved record, its time)
         while True:
             self.process()
-            if not self.source.has_work() or self.failed:
+            if not self.has_work() or self.failed:
                 break
             if time.monotonic() >= deadline:
                 if self.shedding:
                     break  # (what is left after that: the source's own bound counts it)
                 self.shedding = True  # the rest is counted as dropped, not processed
                 deadline = time.monotonic() + SHED_S if shed_until is None else shed_until
-            time.sleep(0.005)
+            elif not self._rest:
+                time.sleep(0.005)
         if not self.failed:
             self._emit(self.sampler.close_window())
             if self.console.every:
@@ -191,14 +196,28 @@ class Worker:
             return n
 
     def _take(self) -> Delivery:
-        """Finished steps in order (source.py), and the scalars recorded outside them;
-        past the drain time at the end (``shedding``), counted as dropped instead."""
-        delivery = self.source.take()
-        self.counters = delivery.counters
-        if self.shedding:
+        """Finished steps in order (source.py), and the scalars recorded outside them,
+        at most MAX_BLOCKS blocks at a time (the rest waits here for the next call: a
+        backlog of steps of many shapes is one block each); past the drain time at the
+        end (``shedding``), counted as dropped instead."""
+        if self._rest:
+            delivery = Delivery(parts=self._rest[:MAX_BLOCKS], counters=self.counters)
+            del self._rest[:MAX_BLOCKS]
+        else:
+            delivery = self.source.take()
+            self.counters = delivery.counters
+            if len(delivery.parts) > MAX_BLOCKS:
+                self._rest = delivery.parts[MAX_BLOCKS:]
+                del delivery.parts[MAX_BLOCKS:]
+        if self.shedding or time.monotonic() >= self.shed_at:
+            self.shedding = True
             self.shed_steps += delivery.step_count()
             return Delivery(counters=delivery.counters)
         return delivery
+
+    def has_work(self) -> bool:
+        """Whether steps wait: here (a delivery's rest) or in the source."""
+        return bool(self._rest) or self.source.has_work()
 
     def _loose_scalars(self, scalars: list[tuple[str, float]]) -> None:
         """Scalars recorded outside steps, set after the delivery's steps' own: a value the
@@ -267,7 +286,7 @@ class Worker:
             ("late_phase", counters.dropped_phases),
             ("scalar_names", counters.dropped_scalars),
             ("sidecar", counters.dropped_handover),
-            ("shutdown", self.shed_steps),
+            ("shutdown", self.shed_steps + self.source.shed_steps),
             *(self.export_drops().items() if self.export_drops is not None else ()),
         )
         return {reason: int(count) for reason, count in reasons if count}

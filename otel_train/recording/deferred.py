@@ -34,6 +34,7 @@ from .layouts import (
     STEP_END,
     Step,
     newest_time,
+    step_ends,
 )
 from .phases import PhaseMachine
 from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, NEAR_WINDOW, SETTLE_SLICE
@@ -390,6 +391,11 @@ class DeferredLog(PhaseMachine):
                 self._enter_at(item[3], item[1], item[0], holder)
         else:  # (None, 0, DISCARD, name): an exhausted loader's step
             self._discard_if_only(item[3])
+
+    def discard_log(self) -> int:
+        """Drop the log unapplied (out of time at the end); the steps it ends."""
+        with self._lock:
+            return step_ends(list(islice(iter(self._log.popleft, None), len(self._log))))
 
     def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[Step], Run]]:
         """Apply the log, taking runs of recognised steps whole (recording/templates.py).

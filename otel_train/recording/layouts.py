@@ -15,7 +15,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from .scopes import CYCLE, MAX_MESSAGE
+from .scopes import B_END, CYCLE, MAX_MESSAGE
 
 if TYPE_CHECKING:
     from .links import StepLink
@@ -49,6 +49,13 @@ ENTER, EXIT, STEP_BEGIN, STEP_END, SCALARS, COUNTS, DISCARD, LINK, ENTER_REMOTE 
 # samples, tokens and padded tokens; a SCALARS entry's list of (name, value).
 L_SAMPLES, L_TOKENS, L_PADDED = 3, 4, 5
 L_SCALARS = 3
+
+
+def step_ends(entries: Any) -> int:
+    """How many steps ``entries`` end, by their kinds alone (nothing applied): a step's
+    end, or an adapter boundary that ends one (``boundary(..., end=mode)``)."""
+    kinds = [e[L_KIND] for e in entries]
+    return sum(1 for k in kinds if k == STEP_END or (k.__class__ is tuple and k[B_END]))
 
 
 def newest_time(entries: Any, last: int | None = None) -> int:

@@ -39,7 +39,7 @@ DUE_HELD_STEPS = MAX_HELD_STEPS // 4
 DUE_DELIVERIES = 64
 # Slots decoded at a time: a ring the sidecar fell behind on is applied in pieces, so
 # that its entries never wait here all at once as objects.
-DECODE_SLOTS = 4096
+DECODE_SLOTS = 1024
 # Unread slots of a shared ring that make the worker take them before its next batch
 # time (it looks every 50 ms): the writer refuses past a whole ring not let go of.
 DUE_SLOTS = 4096
@@ -67,6 +67,7 @@ class RemoteSource:
         self._deliveries: collections.deque[Delivery] = collections.deque()
         self._held = 0  # finished steps in _deliveries
         self.dropped = 0  # steps dropped for the bound (MAX_HELD_STEPS)
+        self.shed_steps = 0  # steps counted, not applied, past the end's drain time
         self.counters = Counters()
         self.disabled = False
         self._out = out
@@ -154,6 +155,9 @@ class RemoteSource:
         self._report_idle()
 
     def _replica_take(self, keep_partial: bool) -> Delivery:
+        if self.past_drain():  # out of time at the end: count the steps, apply nothing
+            self.shed_steps += self.replica.discard_log()
+            return Delivery(counters=_REPLICA)
         delivery = self._replica_source.take(derive=False, keep_partial=keep_partial)
         delivery.counters = _REPLICA  # the replica's own are added in take()
         return delivery
