@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--hold", type=float, default=0.0, help="keep /metrics up N s after training")
     d.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
     sub.add_parser("telemetry", help="print the telemetry reference (Markdown)")
-    compare_cli.add_parser(sub)
+    compare_cli.add_parser(sub, _duration)
     r = sub.add_parser("replay", help="send a run record (otel-train-runs/...) to a Collector")
     r.add_argument("run_dir", help="a run directory otel-train wrote")
     r.add_argument("--endpoint", default=None,

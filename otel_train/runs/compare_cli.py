@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..settings.verdicts import VerdictSettings
@@ -30,7 +31,8 @@ def _metric(value: str) -> str:
     )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction, duration: Callable[[str], float]) -> None:  # type: ignore[type-arg]
+    """``duration``: the type of --last (cli.py's, as ``report --last`` has it)."""
     p = sub.add_parser("compare", help="compare run B against run A: steady steps, per phase, "
                        "with noise intervals (and a CI gate)")  # fmt: skip
     p.add_argument("a", metavar="A", help="run directory (or, with --prometheus, a job)")
@@ -51,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="a verdict threshold (docs/compare.md): verdict_drift=0.2")  # fmt: skip
     p.add_argument("--prometheus", metavar="URL", help="A and B are jobs in this Prometheus")
     p.add_argument("--jaeger", metavar="URL", help="with --prometheus: traces from this Jaeger")
-    p.add_argument("--last", type=float, default=3600.0, metavar="SECONDS",
-                   help="with --prometheus: how far back (default 3600)")  # fmt: skip
+    p.add_argument("--last", type=duration, default=3600.0,
+                   help="with --prometheus: how far back (30m, 6h, 2d; default 1h)")  # fmt: skip
 
 
 def _load(args: argparse.Namespace, which: str) -> Run:
