@@ -19,8 +19,14 @@ from .summary import peak_memory
 # Per-sample figures: (name, kind, how to read it from a sample). Kind "time": lower is
 # better; "rate": higher is better; "share": neither (a share of the step).
 Getter = Callable[[Sample], float | None]
+
+
+def step_seconds(s: Sample) -> float:
+    return s.seconds
+
+
 FIGURES: tuple[tuple[str, str, Getter], ...] = (
-    ("step", "time", lambda s: s.seconds),
+    ("step", "time", step_seconds),
     ("samples_per_s", "rate", lambda s: s.samples_per_s),
     ("tokens_per_s", "rate", lambda s: s.tokens_per_s),
     ("mfu", "rate", lambda s: s.mfu),
@@ -124,8 +130,8 @@ def compare(a: Run, b: Run, names: tuple[str, str], warmup: int = WARMUP_STEPS,
         for s in sa:
             other = by_b.get(s.rank)
             if other is not None:
-                step = row("step", "time", _values(s.samples, FIGURES[0][2]),
-                           _values(other.samples, FIGURES[0][2]), seed, tolerance)  # fmt: skip
+                step = row("step", "time", _values(s.samples, step_seconds),
+                           _values(other.samples, step_seconds), seed, tolerance)  # fmt: skip
                 per_rank.append({"rank": s.rank, "rows": [step] if step else []})
     return {
         "a": _side(names[0], sa),
