@@ -380,8 +380,12 @@ _warned_env: set[str] = set()
 
 def warn_unknown_env(env: Mapping[str, str], known: Mapping[str, Any]) -> None:
     """One warning per OTEL_TRAIN_* variable that names no setting (a misspelling would
-    otherwise be ignored), naming the closest setting's variable."""
-    settings = [ENV_PREFIX + name.upper() for name in known]
+    otherwise be ignored), naming the closest setting's variable. The verdicts'
+    thresholds (verdicts.py) are settings too."""
+    from .verdicts import VerdictSettings
+
+    names = [*known, *(f.name for f in dataclasses.fields(VerdictSettings))]
+    settings = [ENV_PREFIX + name.upper() for name in names]
     for name in env:
         rest = name[len(ENV_PREFIX) :]
         if (
@@ -394,7 +398,7 @@ def warn_unknown_env(env: Mapping[str, str], known: Mapping[str, Any]) -> None:
         ):
             continue
         _warned_env.add(name)
-        close = difflib.get_close_matches(rest.lower(), known, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(rest.lower(), names, n=1, cutoff=0.6)
         hint = f"did you mean {ENV_PREFIX}{close[0].upper()}?" if close else "see the settings"
         logging.getLogger("otel_train").warning(
             "otel-train: environment variable %s is no otel-train setting and is ignored; %s",

@@ -242,6 +242,7 @@ def test_a_misspelled_variable_is_warned_once_with_the_closest_name(
     monkeypatch.setenv("OTEL_TRAIN_RUN_ID", "r1")
     monkeypatch.setenv("OTEL_TRAIN_BROWSER_REQUIRED", "1")
     monkeypatch.setenv("OTEL_TRAIN_CONSOLE_EVERY", "7")
+    monkeypatch.setenv("OTEL_TRAIN_VERDICT_DRIFT", "0.2")  # (a verdict's threshold)
     tel = InMemoryTelemetry()
     with caplog.at_level(logging.WARNING, logger="otel_train"):
         sess = otel_train.configure(console="off", **providers(tel))
