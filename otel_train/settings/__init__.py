@@ -370,9 +370,9 @@ class Settings:
 
 
 # OTEL_TRAIN_* names that are no setting: the run id (identity.py), the sidecar's own
-# (set by its parent), and those of the project's tools (scripts/stack, the benchmarks,
-# the test switches) which a job may inherit from the shell that runs them.
-OTHER_ENV = ("RUN_ID",)
+# (set by its parent), and those of the project's tools (scripts/stack, deploy/compose.yaml's
+# BIND, the benchmarks, the test switches) which a job may inherit from the shell.
+OTHER_ENV = ("RUN_ID", "BIND")
 OTHER_ENV_PREFIXES = ("SIDECAR_", "STACK_", "BENCH_")
 OTHER_ENV_SUFFIXES = ("_REQUIRED", "SCREENSHOT")
 _warned_env: set[str] = set()
