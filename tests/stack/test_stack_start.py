@@ -65,3 +65,32 @@ def test_a_service_that_answers_is_ready(
         assert _start(commands, svc, tmp_path, retry=True) is True
     finally:
         os.kill(int((tmp_path / "svc.pid").read_text()), signal.SIGTERM)
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_service_start_writes_through_no_planted_link(
+    stack_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pid file is written as a new 0600 file over a link planted at its name; a link
+    planted at the log's name stops the start (ELOOP) instead of being written through."""
+    commands = _commands(stack_module, tmp_path, monkeypatch)
+    victim = tmp_path.parent / f"{tmp_path.name}-victim"
+    victim.write_text("untouched")
+    (tmp_path / "svc.pid").symlink_to(victim)
+    port = _free_port()
+    svc = {"cmd": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+           "env": {}, "ready": [f"http://127.0.0.1:{port}/"]}  # fmt: skip
+    try:
+        assert _start(commands, svc, tmp_path, retry=True) is True
+    finally:
+        os.kill(int((tmp_path / "svc.pid").read_text()), signal.SIGTERM)
+    assert victim.read_text() == "untouched"
+    assert not (tmp_path / "svc.pid").is_symlink()
+    for name in ("svc.pid", "svc.log"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+    (tmp_path / "svc.log").unlink()
+    (tmp_path / "svc.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        _start(commands, svc, tmp_path, retry=True)
+    assert victim.read_text() == "untouched"
