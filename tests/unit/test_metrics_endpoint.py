@@ -106,3 +106,38 @@ def _start_up_scrapes(settings: Settings) -> list[bytes]:
         for conn in waiting:
             conn.close()
         telemetry.shutdown(5)
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line.split()[1] for line in status if line.startswith("Threads:")))
+
+
+def test_the_sidecar_holds_no_thread_per_idle_connection() -> None:
+    """The real sidecar serving /metrics of a configured session: 64 idle connections
+    add at most MAX_CONNECTIONS threads to it (the issue saw 403 threads for 400), and a
+    scrape after they are closed is served."""
+    import otel_train
+    from otel_train import session
+
+    sess = otel_train.configure(prometheus_port=0, console="off", run_dir="off")
+    try:
+        assert sess.feeder is not None and sess.prometheus_address is not None
+        pid, port = sess.feeder.process.proc.pid, sess.prometheus_address[1]
+        with otel_train.step(samples=1), otel_train.phase("forward"):
+            pass
+        assert otel_train.flush(timeout=10)
+        assert b"HTTP/1.0 200" in _scrape(port)[:20]  # (the sidecar is up and serving)
+        time.sleep(0.5)
+        before = _threads(pid)
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(64)]
+        time.sleep(1.0)  # (let the sidecar accept them)
+        grown = _threads(pid) - before
+        for conn in idle:
+            conn.close()
+        print(f"sidecar: 64 idle connections, {grown} more threads")
+        assert grown <= endpoint.MAX_CONNECTIONS
+        assert b"HTTP/1.0 200" in _scrape(port)[:20]
+        assert session.current() is sess
+    finally:
+        otel_train.shutdown()
