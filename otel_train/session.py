@@ -71,6 +71,7 @@ class Session:
         self.regions = RegionLog()
         self._build_recording(settings)
         self.feeder: Feeder | None = None
+        self.consumer = ""  # where the steps are consumed: "sidecar" or "thread" (logged once)
         self.worker: Worker | None = None
         self.telemetry: Telemetry | None = None
         self._prometheus_address: tuple[str, int] | None = None
@@ -151,6 +152,9 @@ class Session:
             self.worker = consumer.worker
             self.worker.on_wake = self.recorder.watch_cuda
             self._prometheus_address = self.telemetry.prometheus_address
+        self.consumer = "sidecar" if self.feeder is not None else "thread"
+        _log.info("otel-train: steps are consumed on %s, exported by %s", self.consumer,
+                  "otel-train's SDK" if own else "the application's providers")  # fmt: skip
         self._announce_record()
         self._allow_carriers()
         self._start(settings)
