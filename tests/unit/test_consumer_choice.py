@@ -21,9 +21,8 @@ def test_the_consumer_is_chosen_once_and_said(
         current = session.current()
         assert current is not None
         assert current.consumer == where
-        with otel_train.step(samples=1):
-            with otel_train.phase("forward"):
-                pass
+        with otel_train.step(samples=1), otel_train.phase("forward"):
+            pass
     finally:
         otel_train.shutdown()
     said = [r.getMessage() for r in caplog.records if "steps are consumed" in r.getMessage()]
