@@ -332,3 +332,26 @@ def test_the_straggler_alert_says_what_the_straggler_verdict_says() -> None:
 
     alert = next(r for r in RULES if r.get("alert") == "OtelTrainStraggler")
     assert f"try {ADVICE['straggler']}." in alert["annotations"]["description"]
+
+
+VERDICT_ALERTS = {  # alert: (verdict rule, its threshold setting)
+    "OtelTrainInputBound": ("input-bound", "verdict_data_stall"),
+    "OtelTrainCollectivesShare": ("collectives", "verdict_collectives"),
+    "OtelTrainMemoryNearLimit": ("memory near the limit", "verdict_memory"),
+    "OtelTrainTelemetryDropped": ("telemetry drops", "verdict_dropped"),
+}
+
+
+@pytest.mark.parametrize("alert", sorted(VERDICT_ALERTS))
+def test_the_verdict_alerts_say_their_verdicts_words_at_their_thresholds(alert: str) -> None:
+    from otel_train.processing.verdicts import ADVICE
+    from otel_train.settings.verdicts import VerdictSettings
+
+    rule, setting = VERDICT_ALERTS[alert]
+    threshold = getattr(VerdictSettings(), setting)
+    (spec,) = [r for r in RULES if r.get("alert") == alert]
+    assert spec["expr"].rstrip().endswith(f">= {threshold:g}")
+    description = spec["annotations"]["description"]
+    assert description.startswith(f"{rule}: ")
+    assert f"({setting} {threshold:g})" in description
+    assert description.endswith(f"try {ADVICE[rule]}")
