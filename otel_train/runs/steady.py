@@ -23,6 +23,7 @@ from typing import Any
 from .. import contract as c
 from . import figures as f
 from .histogram import Histogram
+from .intervals import aligned, last_value
 from .record_data import RankRecord
 
 WARMUP_STEPS = 5
@@ -130,21 +131,17 @@ def _marked(steps: dict[int, dict[str, Any]], warmup: int) -> dict[int, str]:
     return out
 
 
+_CUMULATIVE = (c.STEP_DURATION.name, c.PHASE_DURATION.name, c.SAMPLES.name, c.TOKENS.name,
+               c.RUN_TIME.name, c.COLLECTIVE_DURATION.name)  # fmt: skip
+
+
 def _from_intervals(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: int) -> Steady:
-    series = {
-        name: dict(f.deltas(rank, name))
-        for name in (c.STEP_DURATION.name, c.PHASE_DURATION.name, c.SAMPLES.name,
-                     c.TOKENS.name, c.RUN_TIME.name, c.COLLECTIVE_DURATION.name)
-    }  # fmt: skip
     marked = _marked(steps, warmup)
-    mfu = {snap.t: sum(v for (m, _), v in snap.values.items() if m == c.MFU.name)
-           for snap in rank.snapshots}  # fmt: skip
     samples: list[Sample] = []
     left_out: dict[str, int] = {}
     done = 0
-    for snap in rank.snapshots:
-        step = series[c.STEP_DURATION.name].get(snap.t, {})
-        h = next(iter(step.values()), None)
+    for t, deltas in aligned(rank, _CUMULATIVE, c.STEP_DURATION.name):
+        h = next(iter(deltas[c.STEP_DURATION.name].values()), None)
         if not isinstance(h, Histogram) or h.count <= 0:
             continue
         n, first = int(h.count), done
@@ -154,19 +151,18 @@ def _from_intervals(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: 
         if why is not None:
             left_out[why] = left_out.get(why, 0) + n
             continue
-        samples.append(_interval(snap.t, n, h.total, series, mfu.get(snap.t) or None))
+        mfu = sum(last_value(rank, c.MFU.name, t).values()) or None
+        samples.append(_interval(n, h.total, deltas, mfu))
     return Steady(rank.rank, "interval", samples, left_out)
 
 
-def _interval(t: float, n: int, seconds: float, series: dict[str, Any],
-              mfu: float | None) -> Sample:  # fmt: skip
+def _interval(n: int, seconds: float, deltas: dict[str, Any], mfu: float | None) -> Sample:
     def total(name: str) -> float:
-        return sum(v.total if isinstance(v, Histogram) else v
-                   for v in series[name].get(t, {}).values())  # fmt: skip
+        return sum(v.total if isinstance(v, Histogram) else v for v in deltas[name].values())
 
     phases = {str(dict(k).get(c.A_PHASE)): h.total / n
-              for k, h in series[c.PHASE_DURATION.name].get(t, {}).items()}  # fmt: skip
-    run = f.by_category(series[c.RUN_TIME.name].get(t))
+              for k, h in deltas[c.PHASE_DURATION.name].items()}  # fmt: skip
+    run = f.by_category(deltas[c.RUN_TIME.name])
     in_steps = run.get("train", 0.0) + run.get("data", 0.0)
     return Sample(n, seconds / n, phases,
                   run.get("data", 0.0) / in_steps if in_steps > 0 else None,
