@@ -10,6 +10,7 @@ records them through ``Histogram.record`` on the worker thread (about 5 us each)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
@@ -52,6 +53,21 @@ def _peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    """A process's resident set size and its peak, in bytes (None: unknown)."""
+
+    rss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+
+
+def own_memory() -> ProcessMemory:
+    """This process's memory figures (a read of /proc and a getrusage: about 10 us).
+    The kernel's peak can trail the current size by a few pages: it is at least that."""
+    rss = rss_bytes()
+    return ProcessMemory(rss, max(_peak_rss_bytes(), rss or 0))
+
+
 class Publisher:
     def __init__(
         self, meter: metrics.Meter, aggregator: MetricsAggregator, histograms_via_api: bool
@@ -59,6 +75,9 @@ class Publisher:
         self._agg = aggregator
         self._failed: set[str] = set()
         self.closed = False
+        # Whose memory the process metrics report: the training process's. In the
+        # sidecar, another process, its figures as the training process last sent them.
+        self.memory: Callable[[], ProcessMemory] = own_memory
         self.histograms: dict[str, Any] = {}
         for spec in c.METRICS:
             if spec.instrument == "histogram":
@@ -84,15 +103,11 @@ class Publisher:
         self, spec: c.MetricSpec
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         if spec is c.PROCESS_MEMORY_RSS:
-            return self._guard(
-                spec.name, lambda: [] if (v := rss_bytes()) is None else [Observation(v)]
-            )
+            return self._guard(spec.name, lambda: _known(self.memory().rss_bytes))
         if spec is c.HOST_MEMORY_TOTAL:
-            return self._guard(
-                spec.name, lambda: [] if (v := _host_total_bytes()) is None else [Observation(v)]
-            )
+            return self._guard(spec.name, lambda: _known(_host_total_bytes()))
         if spec is c.PROCESS_MEMORY_PEAK_RSS:
-            return self._guard(spec.name, lambda: [Observation(_peak_rss_bytes())])
+            return self._guard(spec.name, lambda: _known(self.memory().peak_rss_bytes))
         return self._reader(spec.name)
 
     def _reader(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
@@ -123,6 +138,10 @@ class Publisher:
         hist = self.histograms.get(name)
         if hist is not None:
             hist.record(value, dict(attrs), context=context)
+
+
+def _known(value: int | None) -> list[Observation]:
+    return [] if value is None else [Observation(value)]
 
 
 def _without_attributes(

@@ -40,6 +40,9 @@ class Counters:
     memory_total: int | None = None
     device_id: str | None = None  # the device's hw.id (memory.py)
     dropped_handover: int = 0  # steps the sidecar's pipe could not take (sidecar/feeder.py)
+    # The training process's memory, as the feeder's thread last read it (sidecar/feeder.py)
+    rss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from ..export.setup import Telemetry, build_own
 from ..processing.blocks import StepBlock
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hangs import Progress
-from ..processing.instruments import rss_bytes
+from ..processing.instruments import ProcessMemory, rss_bytes
 from ..processing.source import Delivery
 from ..recording.regions import RegionLog
 from ..settings import ConfigError
@@ -130,6 +130,8 @@ class Agent:
             hangs=self.hangs,
         )  # fmt: skip
         self.worker = consumer.worker
+        if consumer.publisher is not None:  # (process metrics: the training process's)
+            consumer.publisher.memory = self._trainer_memory
         if self.relay is not None:
             # (SpanEmitter's interface: the worker calls emit() and emit_remote())
             self.worker.emitter = RelayEmitter(self.relay, offset_ns)  # type: ignore[assignment]
@@ -137,6 +139,11 @@ class Agent:
             threading.Thread(target=self._send_metrics, name="otel-train-relay",
                              daemon=True).start()  # fmt: skip
         self.worker.start()
+
+    def _trainer_memory(self) -> ProcessMemory:
+        """The training process's memory, as its last delivery said."""
+        counters = self.worker.counters
+        return ProcessMemory(counters.rss_bytes, counters.peak_rss_bytes)
 
     def _send_metrics(self) -> None:
         """The relay's metrics, every METRICS_S (relay.py)."""

@@ -26,6 +26,7 @@ from typing import Any
 from ..identity import rank
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hang_details import LocalHangs, hang_label
+from ..processing.instruments import own_memory
 from ..processing.source import Counters, Delivery, StepSource
 from ..recording.regions import RegionLog
 from ..recording.ring import Ring, publish_drain_by
@@ -53,6 +54,8 @@ IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
 CONTROL_TICKS = 5  # in a shared ring's session, ticks between reads of the sidecar's words
 START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 0.2 s)
 PROGRESS_S = 1.0  # how often the feeder's thread tells the sidecar's hang watch the progress
+MEMORY_S = 1.0  # how often the feeder's thread reads this process's memory (the sidecar's
+# process metrics are this process's: processing/instruments.py)
 
 
 class SidecarUnavailable(Exception):
@@ -86,6 +89,7 @@ class Feeder:
         self._pumps = 0
         self._flush_seq = 0
         self.stats: dict[str, Any] = {}  # the sidecar's figures at the last flush
+        self.memory = own_memory()  # this process's, sent with each delivery
         self.relay: RelayIn | None = None
         self.ring = Ring(source.recorder)  # (its memory is the sidecar's to read too)
         self.process = self._start(metrics_socket, relay, offset_ns, version)
@@ -149,13 +153,16 @@ class Feeder:
         tell the hang watch the progress every PROGRESS_S, and send the details it asks
         for (this thread runs while the training thread is stuck in a call that released
         the GIL)."""
-        told = 0.0
+        told = read = 0.0
         ticks = 0
         while not self._stop.wait(TICK_S):
             if self.dead:
                 continue
             now = time.monotonic()
             ticks += 1
+            if now - read >= MEMORY_S:
+                read = now
+                self.memory = own_memory()
             self.source.recorder.watch_cuda()  # (CUDA showed up: boundaries not logged)
             handover = self.handover
             if handover.raw and handover.shared:
@@ -245,7 +252,7 @@ class Feeder:
         if self._full():
             self.dropped_steps += n
             return
-        counters = wire.encode_counters(delivery.counters, self.dropped_steps)
+        counters = wire.encode_counters(delivery.counters, self.dropped_steps, self.memory)
         self.process.send((wire.DELIVERY, delivery.parts, delivery.scalars, counters, taken_regions,
                            counts, probe_state, self._facts_if_new()))  # fmt: skip
         self.steps_sent += n
@@ -324,6 +331,7 @@ class Feeder:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self.console.sync()
+            self.memory = own_memory()
             self._pump(final=True)
             self._flush_seq += 1
             seq = self._flush_seq
@@ -350,6 +358,7 @@ class Feeder:
         # whole would keep it past the deadline (then killed: no summary, no count).
         publish_drain_by(self.ring.view, int(drain_until * 1e9))
         with self._lock:
+            self.memory = own_memory()
             self.process.gone()  # (then what is left is dropped and counted, not queued)
             while True:
                 self._pump(final=True)

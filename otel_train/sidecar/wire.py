@@ -54,6 +54,7 @@ import threading
 from typing import Any
 
 from ..processing.blocks import StepBlock
+from ..processing.instruments import ProcessMemory
 from ..processing.resolved import finished_step, settle
 from ..processing.source import Counters, Delivery
 from ..recording.layouts import MainPhaseStack, PhaseStack, Step
@@ -252,10 +253,13 @@ def _step_of(index: int, t0: int, t1: int, samples: int | None, tokens: int | No
 copyreg.pickle(Step, _step_fields)
 
 
-def encode_counters(c: Counters, dropped_handover: int) -> dict[str, Any]:
-    """The recorder's counters by name, with the feeder's own drops."""
+def encode_counters(c: Counters, dropped_handover: int, memory: ProcessMemory) -> dict[str, Any]:
+    """The recorder's counters by name, with the feeder's own drops and the training
+    process's memory."""
     out = {name: getattr(c, name) for name in Counters.__dataclass_fields__}
     out["dropped_handover"] = dropped_handover
+    out["rss_bytes"] = memory.rss_bytes
+    out["peak_rss_bytes"] = memory.peak_rss_bytes
     return out
 
 
