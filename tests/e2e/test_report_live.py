@@ -40,6 +40,11 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+def _compare(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otel_train.cli", "compare", *args, "--json"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("live")
@@ -69,13 +74,16 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         live = _report("--prometheus", urls[0], "--jaeger", urls[1], "--job", service,
                        "--last", "10m", "-o", str(tmp / "live.html"))  # fmt: skip
         assert live.returncode == 0, live.stderr
+        live_compare = _compare("--prometheus", urls[0], "--jaeger", urls[1], "--last", "600",
+                                service, service)  # fmt: skip
         bad = [_report("--prometheus", urls[0], "--job", "no-such-job", "-o", str(tmp / "x")),
                _report("--prometheus", urls[0]), _report(str(record), "--job", service),
                _report("--prometheus", "http://127.0.0.1:1", "--job", service)]  # fmt: skip
     made = _report(str(record), "-o", str(tmp / "record.html"))
     assert made.returncode == 0, made.stderr
+    compared = (live_compare, _compare(str(record), str(record)))
     return {"live": _page_data(tmp / "live.html"), "record": _page_data(tmp / "record.html"),
-            "bad": bad, "service": service}  # fmt: skip
+            "bad": bad, "service": service, "compare": compared}  # fmt: skip
 
 
 def test_the_live_page_has_the_records_summary_with_the_generators_row(pages: Any) -> None:
@@ -125,3 +133,20 @@ def test_bad_use_is_a_clear_error(pages: Any) -> None:
     assert no_job_given.returncode == 2 and "--prometheus needs --job" in no_job_given.stderr
     assert job_without_stack.returncode == 2 and "go with --prometheus" in job_without_stack.stderr
     assert no_stack.returncode == 1 and "cannot read http://127.0.0.1:1/" in no_stack.stderr
+
+
+def test_compare_reads_a_live_job_as_it_reads_its_record(pages: Any) -> None:
+    """``otel-train compare --prometheus URL --jaeger URL JOB JOB``: the job's steady steps
+    from Jaeger's traces are the record's, figure for figure; a run against itself is
+    within noise everywhere."""
+    done = [json.loads(x.stdout) if x.returncode == 0 else x.stderr for x in pages["compare"]]
+    live, record = done
+    assert isinstance(live, dict) and isinstance(record, dict), done
+    assert live["a"]["unit"] == record["a"]["unit"] == "step"
+    assert (live["a"]["steady"], live["a"]["left_out"]) == (
+        record["a"]["steady"], record["a"]["left_out"])  # fmt: skip
+    assert [r["metric"] for r in live["rows"]] == [r["metric"] for r in record["rows"]]
+    for mine, theirs in zip(live["rows"], record["rows"], strict=True):
+        assert mine["a_median"] == pytest.approx(theirs["a_median"], rel=1e-6), mine["metric"]
+        assert mine["verdict"] == "within noise", mine
+    assert live["verdicts"] == record["verdicts"]
