@@ -30,6 +30,7 @@ from .processing.source import StepSource
 from .processing.worker import Worker
 from .recording.debug_hooks import build_debug_hooks
 from .recording.device import now_offset_ns
+from .recording.notes import SummaryNotes
 from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
 from .settings import ConfigError, Settings
@@ -69,6 +70,7 @@ class Session:
         self.origin = "otel_train.configure()"  # what started it (get_or_create sets it)
         self.configured = exports  # an instrument() or configure() gave its settings
         self.regions = RegionLog()
+        self.notes = SummaryNotes()  # the run summary's lines from the adapters
         self._build_recording(settings)
         self.feeder: Feeder | None = None
         self.consumer = ""  # where the steps are consumed: "sidecar" or "thread" (logged once)
@@ -116,7 +118,7 @@ class Session:
 
     def _build_exports(self) -> None:
         settings, (tracer_provider, meter_provider) = self.settings, self.given_providers
-        source = StepSource(self.recorder)
+        source = StepSource(self.recorder, self.notes)
         own = builds_own(tracer_provider, meter_provider)
         self.record = record_plan(settings, service_name(settings)) if own else None
         relay = None if own else relayed_providers(tracer_provider, meter_provider)

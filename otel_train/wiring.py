@@ -94,6 +94,7 @@ def build_consumer(
         export_drops=t.drop_counts if t.health is not None or t.record is not None else None,
         efficiency=efficiency,
     )
+    console.notes = lambda: worker.counters.notes  # (as the last delivery said)
     if hangs is not None and settings.hang_after != "off":
         logger = logger_for(t.logger_provider, version)
         stall = efficiency.note_stall if efficiency is not None else None

@@ -7,7 +7,9 @@ hooks instead of hooks on one model, optimizer and DataLoader:
 
 - ``optimizer``: torch's global optimizer step hooks
   (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook``), so every
-  ``Optimizer.step``; a step ends at each one.
+  ``Optimizer.step``; a step ends at each one. While no ``torch.optim`` optimizer was
+  made (a loop that updates its parameters itself), the first training forward or
+  batch after a backward ends the step instead (torch_loop.py).
 - ``data``: every DataLoader iterator's ``__next__`` (``_BaseDataLoaderIter``) while grad
   is enabled: an evaluation loop under ``torch.no_grad()`` feeds no step.
 - ``backward``: the process-wide ``torch.autograd.backward`` wrapper (backward.py).
@@ -68,6 +70,7 @@ class ProcessWideAdapter(TorchLoopAdapter):
         self._arm()  # the next step's forward
 
     def after_backward(self) -> None:
+        super().after_backward()
         self._arm()  # the next micro-batch's forward (gradient accumulation)
 
 
@@ -82,12 +85,16 @@ class ProcessWideHooks:
         self._forward_handle: Any = None
         self._installed = False
         self._failed = False
+        # Whether a torch.optim optimizer was made: while none is, a backward's end is
+        # the end of its step (torch_loop.py, forward_ends_steps)
+        self.optimizer_made = False
 
     def install(self) -> None:
         self._installed = True
         self._undo.append(_optimizer.register_optimizer_step_pre_hook(self._pre_step).remove)
         self._undo.append(_optimizer.register_optimizer_step_post_hook(self._post_step).remove)
         self._undo.append(_patch_next(self))
+        self._undo.append(wrap_entry(torch.optim.Optimizer, "__init__", self._optimizer_made))
         self.arm()
 
     def uninstall(self) -> None:
@@ -115,6 +122,7 @@ class ProcessWideHooks:
             if inst is None:
                 return None
             adapter = ProcessWideAdapter(inst, self.arm)
+            adapter.forward_ends_steps = not self.optimizer_made
             inst.on_undo(hold_backward(adapter))
             inst.on_undo(hold_scaler(adapter))
         except Exception:  # telemetry never raises into training: off for good
@@ -159,6 +167,12 @@ class ProcessWideHooks:
         adapter.forward_begins(args)
 
     # the optimizer's global step hooks ---------------------------------------------------
+
+    def _optimizer_made(self, optimizer: Any) -> None:
+        """A torch.optim optimizer was made: its steps end steps from now on."""
+        self.optimizer_made = True
+        if self.adapter is not None:
+            self.adapter.forward_ends_steps = self.adapter.new_step_due = False
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         adapter = self.live()

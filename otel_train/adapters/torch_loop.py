@@ -24,8 +24,11 @@ previous optimizer step and closes at the optimizer's post-hook (a model compile
 open where the previous one closed, with a ``forward`` phase up to backward), so gradient
 accumulation shows repeated data/forward/backward phases inside one step. Without
 ``optimizer=``, each data fetch ends the step before it and opens the next (one batch,
-one step); with neither ``optimizer=`` nor ``dataloader=``, mark the steps with
-``otel_train.step()``. Samples and tokens are counted from the batches' shapes (see
+one step); with neither ``optimizer=`` nor ``dataloader=`` (a loop that updates the
+parameters itself, as ``p.data.add_(p.grad, alpha=-lr)``), the first training forward
+after a backward ends the step before it and opens the next (said once at run time and
+in the summary: mark the steps with ``otel_train.step()`` where that is not one
+iteration). Samples and tokens are counted from the batches' shapes (see
 adapters/batches.py).
 
 Telemetry emitted: the ``otel_train.step`` trace and every metric in the contract.
@@ -63,6 +66,14 @@ _FORWARD = boundary("forward", "forward", begin=ADAPTER)
 _FORWARD_COUNTED = boundary("forward", "forward", begin=ADAPTER, counted=True)  # a batch's
 _OPTIMIZER = boundary("forward", "optimizer")
 _OPTIMIZER_END = boundary("optimizer", None, end=ADAPTER)
+# No optimizer: the first forward (or fetch) after a backward ends the step and opens one
+_FORWARD_NEXT_STEP = boundary(None, "forward", begin=ADAPTER, end=ADAPTER)
+_FORWARD_NEXT_STEP_COUNTED = boundary(None, "forward", begin=ADAPTER, end=ADAPTER, counted=True)
+NO_OPTIMIZER_NOTE = (
+    "steps: no torch.optim optimizer stepped, so each step began at the first training "
+    "forward (or batch) after a backward; where one iteration has several backwards, "
+    "mark the steps with otel_train.step()"
+)
 # A compiled forward (traced: no hook of ours runs) and no loader to open the next step:
 # the next step, and its forward, open where this one ends (docs/rationale.md, MFU).
 _OPTIMIZER_END_OPENS = boundary("optimizer", "forward", begin=ADAPTER, end=ADAPTER)
@@ -101,7 +112,11 @@ def timed_next(adapter: TorchLoopAdapter, fetch: Callable[[Any], Any], source: A
     a wrapped DataLoader's iterator here and every iterator in process_wide.py."""
     rec = adapter.rec
     try:  # telemetry never raises into training
-        rec.transition(adapter.data_boundary)
+        if adapter.new_step_due:  # (no optimizer: a backward ran since the last step began)
+            adapter.turn_step()
+            rec.transition(_DATA_NEXT_STEP)
+        else:
+            rec.transition(adapter.data_boundary)
     except Exception:
         _log.exception("otel-train: timing a data fetch failed")
         return fetch(source)
@@ -201,6 +216,10 @@ class TorchLoopAdapter:
         self.optimizer: Any = None  # whose steps end steps (None: any, the process-wide)
         self.optimizer_steps = 0  # taken, counted by the post-hook (scaler.py reads it)
         self.after_forward = False  # a training forward ran since the optimizer's step
+        # No optimizer ends steps (none given; none made, process_wide.py): a backward makes
+        # the next training forward or fetch end the step and open the next
+        self.forward_ends_steps = False
+        self.new_step_due = False
         self.held: Counts | None = None  # counts of batches fetched after it, till the next
         # What backward.py calls before backward's end: DDP's gradient wait, set by
         # watch_ddp for a DDP model (ddp.py); None: nothing (no call per backward)
@@ -242,11 +261,15 @@ class TorchLoopAdapter:
         """A training forward begins (the caller checked: training mode, grad enabled)."""
         try:
             held = self.held
+            turn = self.new_step_due
+            if turn:
+                self.turn_step()
             if held is not None:  # the batches fetched after the last forward: this one's
                 self.held = None
-                self.rec.counted_transition(_FORWARD_COUNTED, *held)
+                b = _FORWARD_NEXT_STEP_COUNTED if turn else _FORWARD_COUNTED
+                self.rec.counted_transition(b, *held)
             else:
-                self.rec.transition(_FORWARD)
+                self.rec.transition(_FORWARD_NEXT_STEP if turn else _FORWARD)
             self.after_forward = True
             if not self.has_loader:
                 self.count(args)
@@ -255,6 +278,25 @@ class TorchLoopAdapter:
                 note_precision(self.rec, autocast_label())
         except Exception:
             self._failed()
+
+    def after_backward(self) -> None:
+        """A backward ended (backward.py): without an optimizer, the next step is due."""
+        if self.forward_ends_steps:
+            self.new_step_due = True
+
+    def turn_step(self) -> None:
+        """The step a backward made due begins now; said once, at the first."""
+        self.new_step_due = False
+        self.after_forward = False
+        notes = self.inst.session.notes
+        if NO_OPTIMIZER_NOTE not in notes.lines:
+            notes.add(NO_OPTIMIZER_NOTE)
+            _log.warning(
+                "otel-train: no torch.optim optimizer steps in this loop: each training "
+                "forward (or DataLoader batch) after a backward now begins a new step. If "
+                "one iteration runs several backwards (gradient accumulation), mark the "
+                "steps with `with otel_train.step():` (or pass optimizer= to instrument())"
+            )
 
     def forward_failed(self, err: BaseException) -> None:
         """The forward phase ends with the exception (an OOM included)."""
@@ -393,6 +435,7 @@ def attach(
     inst.on_undo(time_forward(model, timed))
     if optimizer is None:
         adapter.data_boundary = _DATA_NEXT_STEP
+        adapter.forward_ends_steps = dataloader is None  # (else each fetch ends the step)
     else:
         adapter.optimizer = optimizer
         pre = optimizer.register_step_pre_hook(adapter.optimizer_pre_hook)

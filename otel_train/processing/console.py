@@ -86,6 +86,8 @@ class ConsoleReporter:
         self.sink: Callable[[str], None] | None = None
         self.device_total: int | None = None
         self.drops: dict[str, int] = {}  # what was dropped, by reason (the worker's, at its end)
+        # The adapters' lines for the summary (recording/notes.py), as last delivered
+        self.notes: Callable[[], tuple[str, ...]] = tuple
         # (depth, phase) -> totals; the window folds into the run table when it resets.
         self._window: dict[tuple[int, str], _PhaseTotals] = {}
         self._run: dict[tuple[int, str], _PhaseTotals] = {}
@@ -283,8 +285,9 @@ class ConsoleReporter:
         self._win_flops = self._win_flop_seconds = self._win_data = 0.0
 
     def summary_text(self) -> str:
+        notes = [f"  {line}" for line in self.notes()]
         if self.run_steps == 0 or self.first_start is None or self.last_end is None:
-            return f"{self._head} run summary: no training steps recorded"
+            return "\n".join([f"{self._head} run summary: no training steps recorded", *notes])
         wall = max(1e-12, (self.last_end - self.first_start) / 1e9)
         lines = [
             f"{self._head} run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)}, "
@@ -295,6 +298,7 @@ class ConsoleReporter:
             lines.append(f"  {self.run_samples:,} samples ({self.run_samples / wall:,.1f}/s)")
         if self.run_tokens:
             lines.append(f"  {self.run_tokens:,} tokens ({self.run_tokens / wall:,.1f}/s)")
+        lines += notes
         if self.efficiency is not None and not self.efficiency.failed:
             from .efficiency_lines import summary_lines
 

@@ -18,6 +18,7 @@ from typing import Any
 from ..recording import capture
 from ..recording.device import DeviceClock, EventPool, on_device
 from ..recording.layouts import P_EV0, P_EV1, P_SEQ, P_T0, P_T1, Step
+from ..recording.notes import SummaryNotes
 from ..recording.recorder import Recorder
 from .blocks import Shape, StepBlock, group_steps
 from .resolved import scalar_value, settle
@@ -43,6 +44,7 @@ class Counters:
     # The training process's memory, as the feeder's thread last read it (sidecar/feeder.py)
     rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
+    notes: tuple[str, ...] = ()  # the run summary's lines from the adapters (recording/notes.py)
 
 
 @dataclass(slots=True)
@@ -64,8 +66,9 @@ class Delivery:
 class StepSource:
     """Takes finished steps off a :class:`Recorder` (any thread; the recorder locks)."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, notes: SummaryNotes | None = None) -> None:
         self.recorder = recorder
+        self.notes = notes if notes is not None else SummaryNotes()
         self.shed_steps = 0  # (the sidecar's source counts some at the end: replica.py)
         self.clock = DeviceClock()
         self.shapes: dict[Any, Shape] = {}
@@ -98,6 +101,7 @@ class StepSource:
             dropped_scalars=rec.dropped_scalars,
             memory_total=mem.total_bytes if mem is not None else None,
             device_id=mem.device_id if mem is not None else None,
+            notes=self.notes.lines,
         )
         return delivery
 

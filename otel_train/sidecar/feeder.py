@@ -232,6 +232,7 @@ class Feeder:
                 dropped_scalars=rec.dropped_scalars,
                 memory_total=mem.total_bytes if mem is not None else None,
                 device_id=mem.device_id if mem is not None else None,
+                notes=self.source.notes.lines,
             )
             self._send_delivery(Delivery(counters=counters))
 

@@ -36,6 +36,7 @@ def torch_state() -> dict[str, Any]:
     return {
         "next": torch_dataloader._BaseDataLoaderIter.__dict__["__next__"],
         "backward": torch.autograd.backward,
+        "optimizer_init": torch.optim.Optimizer.__dict__["__init__"],
         "pre_step": dict(torch_optimizer._global_optimizer_pre_hooks),
         "post_step": dict(torch_optimizer._global_optimizer_post_hooks),
         "forward_pre": dict(torch_module._global_forward_pre_hooks),
