@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..recording.notes import SummaryNotes
 from ..recording.recorder import PhaseScope, Recorder, StepScope
 from ..recording.regions import RegionLog
 from .collectives import hold_collectives
@@ -27,6 +28,7 @@ class SessionView(Protocol):
 
     recorder: Recorder
     regions: RegionLog
+    notes: SummaryNotes  # the run summary's lines from the adapters
     closed: bool
 
     @property
