@@ -11,6 +11,7 @@ Throughput counts tokens; FLOPs follow the padded shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,8 @@ Counts = tuple[int | None, int | None, int | None]  # (samples, tokens, padded t
 def count_batch(batch: Any) -> tuple[int | None, int | None]:
     """Samples and tokens of a batch, from shapes only (never from contents on a device).
 
-    Samples: the first dimension of the first tensor found. Tokens: in a mapping, the
+    Samples: the first dimension of the first tensor found (the ``batch_dim`` setting's,
+    through :func:`batch_counter`). Tokens: in a mapping, the
     sum of a CPU ``attention_mask`` when present, else the element count of
     ``input_ids``; otherwise the element count of the first tensor when it holds token
     ids (an integer tensor of two or more dimensions, such as nanoGPT's ``(x, y)``).
@@ -61,6 +63,38 @@ def batch_counts(batch: Any) -> Counts:
 
 def _with_padded(counts: tuple[int | None, int | None]) -> Counts:
     return counts[0], counts[1], counts[1]
+
+
+def batch_counter(batch_dim: int) -> Callable[[Any], Counts]:
+    """The default rule with samples read off dimension ``batch_dim`` (the setting) of the
+    batch's first tensor: :func:`batch_counts` itself for 0."""
+    if batch_dim == 0:
+        return batch_counts
+
+    def counts(batch: Any) -> Counts:
+        _, tokens, padded = batch_counts(batch)
+        t = _first_tensor(batch)
+        samples = int(t.shape[batch_dim]) if t is not None and t.dim() > batch_dim else None
+        return samples, tokens, padded
+
+    return counts
+
+
+def counting_note(batch_dim: int, user: bool) -> str:
+    """The run summary's line saying how samples were counted."""
+    if user:
+        return "samples: as count_batch= counted them"
+    layout = "sequence-first" if batch_dim else "batch-first; batch_dim=1 for sequence-first"
+    return f"samples: dimension {batch_dim} of each batch's first tensor ({layout})"
+
+
+def choose_counter(inst: Any, fn: Any) -> Callable[[Any], Counts]:
+    """An adapter's rule: ``count_batch=fn``'s, else the default with the session's
+    ``batch_dim``; the summary says which (recording/notes.py)."""
+    session = inst.session
+    batch_dim = session.settings.batch_dim
+    session.notes.add(counting_note(batch_dim, fn is not None))
+    return user_counter(fn) if fn is not None else batch_counter(batch_dim)
 
 
 def user_counter(fn: Any) -> Any:

@@ -66,7 +66,7 @@ from .base import (
     note_precision,
     patch_attribute,
 )
-from .batches import batch_counts, user_counter
+from .batches import choose_counter
 
 EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
@@ -122,7 +122,7 @@ class HFTrainerAdapter:
         self.inst = inst
         self.rec: Recorder = inst.session.recorder  # read by the backward wrapper
         self.trainer = trainer
-        self.counter = user_counter(counter) if counter is not None else batch_counts
+        self.counter = choose_counter(inst, counter)
         self.active = True
         self.in_step = False
         self.compiled = False  # (read by the backward wrapper: its forwards run eagerly)

@@ -47,7 +47,7 @@ import torch
 
 from ..recording.recorder import ADAPTER, Recorder, boundary
 from .base import Instrumentation, close_phases, guarded, mark_region, note_precision
-from .batches import batch_counts, user_counter
+from .batches import choose_counter
 
 EXTRA_HINT = "pip install 'otel-train[lightning]'"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -107,7 +107,7 @@ class LightningAdapter:
     ) -> None:
         self.inst = inst
         self.rec: Recorder = inst.session.recorder
-        self.counter = user_counter(counter) if counter is not None else batch_counts
+        self.counter = choose_counter(inst, counter)
         self.active = True
         self.stepped = False  # the optimizer stepped in this batch: the step ends with it
         self.accumulating = False

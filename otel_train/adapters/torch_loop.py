@@ -49,7 +49,7 @@ from ..recording.recorder import ADAPTER, DATA_FETCHED, Recorder, boundary
 from ..recording.values import add_count
 from .backward import hold_backward
 from .base import Instrumentation, note_precision
-from .batches import Counts, batch_counts, tensor_counts, user_counter
+from .batches import Counts, batch_counts, choose_counter, tensor_counts
 from .compiling import dynamo_compiling
 from .ddp import watch_ddp
 from .own_class import time_forward
@@ -203,7 +203,7 @@ class TorchLoopAdapter:
     ) -> None:
         self.inst = inst
         self.rec = rec
-        self.counter = user_counter(counter) if counter is not None else batch_counts
+        self.counter = choose_counter(inst, counter)
         self.active = True
         self.has_loader = False
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps

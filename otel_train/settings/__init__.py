@@ -224,6 +224,15 @@ class Settings:
             "shutdown_timeout), then die by SIGTERM as before. Your own handler is called instead.",
         },
     )
+    batch_dim: int = field(
+        default=0,
+        metadata={
+            "parse": v.int_range(0, 1),
+            "doc": "Dimension of a batch's first tensor that counts its samples: 0 (batch "
+            "first), or 1 for sequence-first batches such as (seq_len, batch) (not used "
+            "with count_batch=).",
+        },
+    )
     throughput_window: int = field(
         default=20,
         metadata={

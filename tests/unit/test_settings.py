@@ -41,6 +41,7 @@ BAD = {
     "flush_on_sigterm": ("later", "2", "true/false"),
     "max_pending_steps": (0, "many", "integer from 1 to"),
     "shutdown_timeout": (-1, "forever", "number from 0 to 600"),
+    "batch_dim": (2, "seq", "integer from 0 to 1"),
     "throughput_window": (1, "1", "integer from 2 to"),
     "profile_steps": ("12-10", "10-", "step range FIRST-LAST"),
     "memory_snapshot": ("always", "5-x", "'off', 'oom' or a step range"),
