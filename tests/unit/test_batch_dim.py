@@ -5,13 +5,21 @@ were counted; a bad value is refused at configure time."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 from otel_helpers import providers, step_spans
+from scratch import job_env
 from word_lm import BATCH, BPTT, RNNModel, batchify, train
 
 import otel_train
 from otel_train import contract as c
 from otel_train.instrumentor import OtelTrainInstrumentor
+from otel_train.runs.record_data import load_run
 from otel_train.settings import ConfigError
 from otel_train.testing import InMemoryTelemetry
 
@@ -84,3 +92,40 @@ def test_a_bad_batch_dim_variable_is_refused_by_name(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("OTEL_TRAIN_BATCH_DIM", "batch")
     with pytest.raises(ConfigError, match=r"OTEL_TRAIN_BATCH_DIM\) must be an integer from 0"):
         otel_train.configure(console="off")
+
+
+JOB = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[2])
+    import otel_train
+    from otel_train import session
+    from word_lm import RNNModel, batchify, train
+
+    model = RNNModel()
+    otel_train.instrument(model, batch_dim=1, prometheus=False, console_every=0,
+                          run_dir=sys.argv[1])
+    train(model, batchify(int(sys.argv[3])))
+    sidecar = session.current().feeder is not None
+    print(json.dumps({"sidecar": sidecar, "shutdown": otel_train.shutdown()}))
+""")
+
+
+def test_the_sidecar_s_summary_and_record_count_sequence_first_samples(tmp_path: Path) -> None:
+    """Where the sidecar makes the summary and the run record, the notes and counts
+    cross to it."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    runs = tmp_path / "runs"
+    here = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, str(script), str(runs), here, str(ITERATIONS)],
+                          env=job_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["sidecar"] and result["shutdown"], done.stderr[-3000:]
+    summary = done.stderr.split("run summary:")[1]
+    assert "samples: dimension 1 of each batch's first tensor (sequence-first)" in summary
+    assert "no torch.optim optimizer stepped" in summary
+    (rank,) = load_run(next(runs.iterdir())).ranks
+    last = rank.snapshots[-1].values
+    assert last[(c.STEPS.name, ())] == ITERATIONS
+    assert last[(c.SAMPLES.name, ())] == ITERATIONS * BATCH
