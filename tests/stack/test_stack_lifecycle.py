@@ -13,6 +13,7 @@ import json
 import os
 import random
 import socket
+import stat
 import subprocess
 import time
 import urllib.error
@@ -119,7 +120,8 @@ def _resource(rank: int) -> resource_pb2.Resource:
 def stack(stack_bins, stack_module, tmp_path_factory):
     """Env for scripts/stack with a private run dir and free ports; `up` before, `down` after."""
     env = dict(os.environ)
-    env["OTEL_TRAIN_STACK_RUN"] = str(tmp_path_factory.mktemp("stack-run"))
+    # (not there yet: `up` makes it)
+    env["OTEL_TRAIN_STACK_RUN"] = str(tmp_path_factory.mktemp("stack-run") / "run")
     names = list(stack_module.PORTS)  # TRAINING_METRICS included: the job's /metrics
     ports = dict(zip(names, _free_ports(len(names)), strict=True))
     for name, port in ports.items():
@@ -154,6 +156,14 @@ def test_up_starts_every_process_ready(stack):
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert all(s["alive"] and s["ready"] for s in report["services"].values()), report
+
+
+def test_up_keeps_its_files_to_this_user(stack):
+    """The run dir `up` made is 0700, its state and pid files 0600, its logs too."""
+    rd = Path(stack["env"]["OTEL_TRAIN_STACK_RUN"])
+    assert stat.S_IMODE(rd.stat().st_mode) == 0o700
+    for path in (rd / "state.json", rd / "otelcol.pid", rd / "otelcol.log"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
 def test_second_up_is_a_no_op(stack):
