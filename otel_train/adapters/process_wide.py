@@ -41,7 +41,7 @@ from .backward import hold_backward
 from .base import Instrumentation
 from .compiling import dynamo_compiling
 from .scaler import hold_scaler
-from .torch_loop import TorchLoopAdapter, timed_next
+from .torch_loop import NO_OPTIMIZER_NOTE, TorchLoopAdapter, timed_next
 
 _log = logging.getLogger("otel_train")
 
@@ -66,6 +66,9 @@ class ProcessWideAdapter(TorchLoopAdapter):
         self._ok = value
 
     def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.forward_ends_steps:  # (one made before the hooks were: its steps end steps)
+            self.forward_ends_steps = self.new_step_due = False
+            self.inst.session.notes.discard(NO_OPTIMIZER_NOTE)
         super().optimizer_post_hook(optimizer, args, kwargs)
         self._arm()  # the next step's forward
 

@@ -5,7 +5,8 @@ under zero-code instrumentation, said once at run time and in the run summary.""
 from __future__ import annotations
 
 import pytest
-from otel_helpers import providers, step_spans
+import torch
+from otel_helpers import providers, step_spans, tiny_model
 from word_lm import RNNModel, batchify, train
 
 import otel_train
@@ -52,3 +53,30 @@ def test_manual_sgd_steps_under_zero_code(
     finally:
         inst.uninstrument()
     check(tel, ran, caplog, capsys.readouterr().out)
+
+
+def test_an_optimizer_made_before_zero_code_still_ends_the_steps(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gradient accumulation (2 backwards a step) with an optimizer the process-wide hooks
+    did not see made: from its first step on, its steps end the steps, and the summary
+    says nothing of a loop without one (the run-time warning was said at the split)."""
+    model, opt = tiny_model()
+    tel = InMemoryTelemetry()
+    inst = OtelTrainInstrumentor()
+    inst.instrument(tracer_provider=tel.tracer_provider, meter_provider=tel.meter_provider)
+    try:
+        otel_train.configure(console="stdout", console_every=0, trace_steps="all",
+                             **providers(tel))  # fmt: skip
+        for _ in range(3):
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        otel_train.shutdown()
+    finally:
+        inst.uninstrument()
+    steps = step_spans(tel.spans())
+    # (the first step: its two micro-batches split before the optimizer was seen)
+    assert len(steps) == 4
+    assert "no torch.optim optimizer stepped" not in capsys.readouterr().out
