@@ -45,6 +45,9 @@ PORTS = {
     "THANOS_RECEIVE_WRITE": 19291,  # Thanos receive: remote write in (/api/v1/receive)
     "THANOS_RECEIVE_GRPC": 10901,  # Thanos receive: StoreAPI, read by Thanos query
     "THANOS_RECEIVE_HTTP": 10902,  # Thanos receive: health and its own /metrics
+    # Thanos receive: Cap'n Proto replication in (unused by one receive; its default
+    # address is 0.0.0.0, so the stack names it to keep it on the host address too).
+    "THANOS_RECEIVE_CAPNP": 19391,
     "THANOS_QUERY_GRPC": 10903,  # Thanos query: StoreAPI (for a query tier above it)
     "THANOS_QUERY_HTTP": 10904,  # Thanos query: the Prometheus HTTP API over the store
     # VictoriaLogs: OTLP logs in (/insert/opentelemetry/v1/logs), LogsQL out (/select/logsql),

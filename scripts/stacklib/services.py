@@ -160,13 +160,19 @@ def thanos_plan() -> dict[str, dict]:
                 f"--remote-write.address={h}:{p['THANOS_RECEIVE_WRITE']}",
                 f"--grpc-address={h}:{p['THANOS_RECEIVE_GRPC']}",
                 f"--http-address={h}:{p['THANOS_RECEIVE_HTTP']}",
+                f"--receive.capnproto-address={h}:{p['THANOS_RECEIVE_CAPNP']}",
                 f'--label={THANOS_REPLICA_LABEL}="0"',
                 # What Prometheus keeps too: exemplars (its default 100k), 30 m out of order.
                 "--tsdb.max-exemplars=100000",
                 "--tsdb.out-of-order.time-window=30m",
             ],
             "env": {},
-            "ports": ["THANOS_RECEIVE_WRITE", "THANOS_RECEIVE_GRPC", "THANOS_RECEIVE_HTTP"],
+            "ports": [
+                "THANOS_RECEIVE_WRITE",
+                "THANOS_RECEIVE_GRPC",
+                "THANOS_RECEIVE_HTTP",
+                "THANOS_RECEIVE_CAPNP",
+            ],
             "ready": [f"http://{h}:{p['THANOS_RECEIVE_HTTP']}/-/ready"],
             # Its tenant pruning runs once a minute, and does its work in a minute of the
             # day divisible by 2x the block length (00:00, 04:00, ... 20:00 UTC). Started

@@ -9,6 +9,7 @@ Thanos query (Prometheus remote-writes to Thanos receive), and ends with
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import random
@@ -164,6 +165,36 @@ def test_up_keeps_its_files_to_this_user(stack):
     assert stat.S_IMODE(rd.stat().st_mode) == 0o700
     for path in (rd / "state.json", rd / "otelcol.pid", rd / "otelcol.log"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def _listening(pid: int) -> set[str]:
+    """``address:port`` of each TCP socket ``pid`` listens on (from /proc, hex decoded)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd) if fd.is_symlink() else ""
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = fields[1].split(":")
+            raw = bytes.fromhex(addr)
+            words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]  # host order
+            ip = ipaddress.ip_address(b"".join(words))
+            out.add(f"{ip}:{int(port, 16)}")
+    return out
+
+
+def test_every_process_listens_on_loopback_only(stack):
+    """Nothing of the stack is reachable from another host: each port it listens on is
+    bound to 127.0.0.1 (Thanos receive's Cap'n Proto port defaults to 0.0.0.0)."""
+    for name, svc in stack["state"]["services"].items():
+        listening = _listening(svc["pid"])
+        assert listening, name
+        assert all(a.startswith("127.0.0.1:") for a in listening), (name, listening)
 
 
 def test_second_up_is_a_no_op(stack):
