@@ -51,13 +51,8 @@ def test_an_exit_during_start_up_is_handed_back_for_a_retry_or_ends_up(
     assert (tmp_path / "svc.log").read_text().count("panic") == 2  # (both attempts kept)
 
 
-# (The launcher leaves the service running on purpose: its Popen goes unwaited.)
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_service_that_answers_is_ready(
-    stack_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    commands = _commands(stack_module, tmp_path, monkeypatch)
+def _serving(commands: Any, tmp_path: Path) -> dict[str, Any]:
+    """Start a service that answers (an HTTP server), wait until it is ready, stop it."""
     port = _free_port()
     svc = {"cmd": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
            "env": {}, "ready": [f"http://127.0.0.1:{port}/"]}  # fmt: skip
@@ -65,6 +60,17 @@ def test_a_service_that_answers_is_ready(
         assert _start(commands, svc, tmp_path, retry=True) is True
     finally:
         os.kill(int((tmp_path / "svc.pid").read_text()), signal.SIGTERM)
+    return svc
+
+
+# (The launcher leaves the service running on purpose: its Popen goes unwaited.)
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_service_that_answers_is_ready(
+    stack_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands = _commands(stack_module, tmp_path, monkeypatch)
+    _serving(commands, tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -78,13 +84,7 @@ def test_a_service_start_writes_through_no_planted_link(
     victim = tmp_path.parent / f"{tmp_path.name}-victim"
     victim.write_text("untouched")
     (tmp_path / "svc.pid").symlink_to(victim)
-    port = _free_port()
-    svc = {"cmd": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-           "env": {}, "ready": [f"http://127.0.0.1:{port}/"]}  # fmt: skip
-    try:
-        assert _start(commands, svc, tmp_path, retry=True) is True
-    finally:
-        os.kill(int((tmp_path / "svc.pid").read_text()), signal.SIGTERM)
+    svc = _serving(commands, tmp_path)
     assert victim.read_text() == "untouched"
     assert not (tmp_path / "svc.pid").is_symlink()
     for name in ("svc.pid", "svc.log"):
