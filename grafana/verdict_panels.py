@@ -26,10 +26,13 @@ FIGURES: tuple[tuple[str, str, str, float], ...] = (
      LIMITS.verdict_data_stall),
     ("collectives", f"{_sum(c.COLLECTIVE_DURATION)} / {_sum(c.STEP_DURATION)}", "percentunit",
      LIMITS.verdict_collectives),
-    ("memory near the limit", f"max({c.DERIVED_PHASE_MEMORY_UTILIZATION.query(F, 'job', RATE)})",
+    # (on CPU: the host's peak RSS against its memory, as the memory panels fall back)
+    ("memory near the limit", f"max({c.DERIVED_PHASE_MEMORY_UTILIZATION.query(F, 'job', RATE)}) "
+     f"or on() (max({n(c.PROCESS_MEMORY_PEAK_RSS)}{{{F}}}) / max({n(c.HOST_MEMORY_TOTAL)}{{{F}}}))",
      "percentunit", LIMITS.verdict_memory),
-    ("telemetry drops", f"sum(increase({n(c.DROPPED)}{{{F}}}[{RATE}]))", "short",
-     float(LIMITS.verdict_dropped)),
+    # (a reason's series starts at its first drop: none is none dropped)
+    ("telemetry drops", f"sum(increase({n(c.DROPPED)}{{{F}}}[{RATE}])) or on() vector(0)",
+     "short", float(LIMITS.verdict_dropped)),
 )  # fmt: skip
 
 
