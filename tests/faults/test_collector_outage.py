@@ -119,7 +119,10 @@ def test_collector_absent_killed_and_restarted(collector: Any, tmp_path: Path) -
     assert job.returncode == 0, err
     assert "Traceback" not in err, err
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["shutdown_ok"], result
+    # It dropped spans during the outage: shutdown() says so (False whenever anything was
+    # dropped, issue 37), and still returns by its deadline (shutdown_timeout, 5 s).
+    assert result["shutdown_ok"] is False, result
+    assert result["shutdown_s"] < 5.0 + 1.0, result
     assert min(first) >= 0 and min(later) > down_until and steps_metric
     # One notice per outage instead of a warning per retry and per dropped span.
     assert "Queue full" not in err
