@@ -56,7 +56,7 @@ def instrument(
     whose methods are the phases (RL loops). ``count_batch=fn``: ``fn(batch)`` returns
     the batch's ``(samples, tokens)`` (either may be None), instead of the rule in
     ``otel_train/adapters/batches.py``. Providers given are used as they are; the other
-    keywords are settings (README.md, "Configuration"); ``logger_provider``: where hang
+    keywords are settings (docs/configuration.md); ``logger_provider``: where hang
     records go with your own providers (default: the global one).
 
     Raises TypeError for unsupported targets and ConfigError (a ValueError) for bad

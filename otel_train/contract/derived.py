@@ -1,8 +1,9 @@
 """Figures derived in PromQL from the exported metrics. Each was a gauge per rank that
 equals an expression over series the rank sends anyway (a rate of a counter, a ratio of
 two gauges), so Prometheus computes it at query time instead: that is part of how a rank
-stays under 30 series (docs/scale.md). The dashboards use these queries; the console, the
-run summary, the report page and the step spans still carry the figures themselves."""
+stays within its series budget (33 a rank, 36 a DDP rank: docs/scale.md). The
+dashboards use these queries; the console, the run summary, the report page and the step
+spans still carry the figures themselves."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ DEFAULT_SERVICE_NAME = "otel-train"
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything otel-train can be told. Field docs double as the README table."""
+    """Everything otel-train can be told. Field docs double as docs/configuration.md's table."""
 
     service_name: str | None = field(
         default=None,
@@ -417,7 +417,7 @@ def warn_unknown_env(env: Mapping[str, str], known: Mapping[str, Any]) -> None:
 
 
 def settings_table() -> str:
-    """Markdown table of every setting (used in the README)."""
+    """Markdown table of every setting (docs/configuration.md)."""
     rows = ["| setting | environment | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(Settings):
         env = f"`{ENV_PREFIX}{f.name.upper()}`"
