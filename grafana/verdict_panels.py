@@ -24,8 +24,9 @@ def _sum(spec: c.MetricSpec) -> str:
 FIGURES: tuple[tuple[str, str, str, float], ...] = (
     ("input-bound", c.DERIVED_DATA_STALL.query(F, "job", RATE), "percentunit",
      LIMITS.verdict_data_stall),
-    ("collectives", f"{_sum(c.COLLECTIVE_DURATION)} / {_sum(c.STEP_DURATION)}", "percentunit",
-     LIMITS.verdict_collectives),
+    # (a job with no collective has no series of their time: its share is 0)
+    ("collectives", f"({_sum(c.COLLECTIVE_DURATION)} or on() vector(0)) / "
+     f"{_sum(c.STEP_DURATION)}", "percentunit", LIMITS.verdict_collectives),
     # (on CPU: the host's peak RSS against its memory, as the memory panels fall back)
     ("memory near the limit", f"max({c.DERIVED_PHASE_MEMORY_UTILIZATION.query(F, 'job', RATE)}) "
      f"or on() (max({n(c.PROCESS_MEMORY_PEAK_RSS)}{{{F}}}) / max({n(c.HOST_MEMORY_TOTAL)}{{{F}}}))",
