@@ -5,6 +5,7 @@ schema."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,23 +24,32 @@ JOB = Path(__file__).with_name("compare_job.py")
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "compare.schema.json"
 
 
-def _record(root: Path, name: str, *args: str) -> str:
-    env = {**job_env(), "OTEL_TRAIN_RUN_ID": name}
-    done = subprocess.run([sys.executable, str(JOB), str(root), *args], env=env,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    (run,) = root.glob(f"*-{name}")
-    return str(run)
+def _record(root: Path, *jobs: tuple[str, tuple[str, ...]]) -> list[str]:
+    """Run the jobs ``(name, args)`` at the same time (so that what else the machine does
+    falls on each alike) and return their run records."""
+    logs = [root / f"{name}.log" for name, _ in jobs]  # (files: no pipe fills up)
+    with contextlib.ExitStack() as files:
+        started = [
+            subprocess.Popen(
+                [sys.executable, str(JOB), str(root), *args],
+                env={**job_env(), "OTEL_TRAIN_RUN_ID": name},
+                stdout=subprocess.DEVNULL,
+                stderr=files.enter_context(log.open("w")),
+            )
+            for (name, args), log in zip(jobs, logs, strict=True)
+        ]
+        codes = [job.wait(timeout=180) for job in started]
+    for code, log in zip(codes, logs, strict=True):
+        assert code == 0, log.read_text()[-2000:]
+    return [str(next(root.glob(f"*-{name}"))) for name, _ in jobs]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("compare")
-    return {
-        "base": _record(root, "base"),
-        "again": _record(root, "again"),
-        "slow": _record(root, "slow", "--delay", "0.002"),  # 16 ms a batch more
-    }
+    base, again = _record(root, ("base", ()), ("again", ()))
+    (slow,) = _record(root, ("slow", ("--delay", "0.002")))  # 16 ms a batch more
+    return {"base": base, "again": again, "slow": slow}
 
 
 def _compare(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any], str]:
@@ -147,9 +157,9 @@ def test_the_table_says_how_it_decided(
 def test_sampled_records_compare_metric_intervals(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = _record(tmp_path, "ia", "--delay", "0.001", "--steps", "200", "--trace", "sampled")
-    b = _record(tmp_path, "ib", "--delay", "0.003", "--steps", "200", "--trace", "sampled",
-                "--batch", "12")  # fmt: skip
+    (a,) = _record(tmp_path, ("ia", ("--delay", "0.001", "--steps", "200", "--trace", "sampled")))
+    (b,) = _record(tmp_path, ("ib", ("--delay", "0.003", "--steps", "200", "--trace", "sampled",
+                                     "--batch", "12")))  # fmt: skip
     code, result, _ = _compare(capsys, a, b)
     assert code == 0 and result["a"]["unit"] == "interval"
     assert result["a"]["samples"] >= 3 and result["b"]["samples"] >= 3
