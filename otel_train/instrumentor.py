@@ -135,8 +135,9 @@ class OtelTrainInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
 
 def _shutdown() -> None:
-    from . import session
-
+    session = sys.modules.get(f"{__package__}.session")
+    if session is None:  # never started here (a DataLoader worker, say): nothing to end,
+        return  # and importing it at exit would build an SDK provider after shutdown
     session.shutdown()
 
 

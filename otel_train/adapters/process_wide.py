@@ -16,7 +16,9 @@ hooks instead of hooks on one model, optimizer and DataLoader:
 - ``forward``: the first module call in training mode with grad enabled after a step
   began or a backward ended, through a global forward pre-hook that is registered at
   those boundaries and removed at that call, so every other module call keeps torch's
-  fast path. The forward phase lasts until backward starts (the loss included).
+  fast path. The forward phase lasts until backward starts (the loss included). Module
+  calls inside a DataLoader's fetch (a dataset transform that is an ``nn.Module``, as
+  torchvision's ``Normalize``) or in a DataLoader worker are data, not a forward.
 
 Nothing starts until a hook first fires in a training context: then ``start()`` (the
 instrumentor's) hands over an Instrumentation of the live session, created then if
@@ -36,6 +38,7 @@ import torch
 from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 from torch.utils.data import dataloader as _dataloader
+from torch.utils.data import get_worker_info
 
 from .backward import hold_backward
 from .base import Instrumentation
@@ -88,6 +91,7 @@ class ProcessWideHooks:
         self._forward_handle: Any = None
         self._installed = False
         self._failed = False
+        self.fetching = False  # inside a DataLoader fetch: module calls there are data
         # Whether a torch.optim optimizer was made: while none is, a backward's end is
         # the end of its step (torch_loop.py, forward_ends_steps)
         self.optimizer_made = False
@@ -158,8 +162,11 @@ class ProcessWideHooks:
             if self.adapter is not None:
                 self.adapter.compiled = True
             return
-        if not module.training or not torch.is_grad_enabled():
-            return  # evaluation: stays armed for the training forward
+        if not module.training or not torch.is_grad_enabled() or self.fetching:
+            return  # evaluation, or a dataset's transform: armed for the training forward
+        if get_worker_info() is not None:
+            self.disarm()  # a DataLoader worker's transform: data, and no training here
+            return
         self.disarm()
         adapter = self.live()
         if adapter is None:
@@ -196,10 +203,14 @@ def _patch_next(hooks: ProcessWideHooks) -> Callable[[], None]:
     @functools.wraps(original)
     def __next__(it: Any) -> Any:
         adapter = hooks.live() if torch.is_grad_enabled() else None
-        if adapter is None:
-            return original(it)
-        adapter.has_loader = True  # batches are counted at the fetch, not at forward
-        return timed_next(adapter, original, it)
+        outer, hooks.fetching = hooks.fetching, True  # (a loader's fetch may fetch)
+        try:
+            if adapter is None:
+                return original(it)
+            adapter.has_loader = True  # batches are counted at the fetch, not at forward
+            return timed_next(adapter, original, it)
+        finally:
+            hooks.fetching = outer
 
     base.__next__ = __next__  # type: ignore[method-assign, assignment]
 

@@ -36,6 +36,10 @@ if str(TESTS / "faults") not in sys.path:
 from collector_helpers import job_env, metric_points, spans, started_collector  # noqa: E402
 from required import DISTRO_SWITCH, missing  # noqa: E402
 
+if str(TESTS / "unit") not in sys.path:
+    sys.path.insert(0, str(TESTS / "unit"))
+from mnist_loop import BATCH, ITERATIONS  # noqa: E402
+
 # What each example's loop makes (its settings, not its output):
 # plain_loop: 512 samples in batches of 32, 2 epochs -> 32 optimizer steps.
 # hf_trainer: max_steps=8, gradient accumulation 2 (one fetch of both micro-batches a step).
@@ -196,3 +200,21 @@ def test_an_explicit_instrument_under_opentelemetry_instrument_is_one_instrument
         pytest.importorskip(NEEDS[script])
     text = run_instrumented(EXAMPLES / script, collector)
     assert_counts(text, steps, phases)  # not twice as many
+
+
+def test_mnist_with_a_module_transform_and_spawned_workers(collector: Any, tmp_path: Path) -> None:
+    """pytorch/examples' mnist shape (tests/unit/mnist_loop.py): ``Normalize`` is an
+    ``nn.Module`` called in the dataset, here in DataLoader workers started with
+    ``spawn``, which run under ``opentelemetry-instrument`` too (issue 38 item 10). Its
+    calls are data: every step has its data phase and its batch's samples, and only the
+    training process sends anything of ours."""
+    script = tmp_path / "mnist_loop.py"
+    script.write_text((TESTS / "unit" / "mnist_loop.py").read_text())
+    text = run_instrumented(script, collector)
+    phases = ("data", "forward", "backward", "optimizer")
+    assert_counts(text, ITERATIONS, dict.fromkeys(phases, ITERATIONS))
+    steps = [s for s in spans(text) if s.get("Name") == "otel_train.step"]
+    assert {s["otel_train.step.samples"] for s in steps} == {str(BATCH)}
+    assert metric_points(text, "otel_train.samples")[-1][1] == ITERATIONS * BATCH
+    instances = set(re.findall(r"-> service\.instance\.id: Str\((.*)\)$", text, re.M))
+    assert len(instances) == 1  # (no DataLoader worker recorded or exported)
