@@ -417,8 +417,8 @@ class EfficiencyTracker:
             except Exception:
                 name = None
         self.peak = lookup_peak(name, dtype, self._peak_tflops)
-        if self.peak is not None:
-            self._mfu_attrs = ((c.A_DTYPE, dtype),)
+        if self.peak is not None:  # (a peak_tflops given with the precision unknown: no dtype)
+            self._mfu_attrs = ((c.A_DTYPE, dtype),) if dtype else ()
         elif name:
             _log.info("otel-train: no peak FLOP/s known for %r (%s); set peak_tflops", name, dtype)
         return self.peak
@@ -439,4 +439,4 @@ class EfficiencyTracker:
             params = [p for m in self.models for p in m.parameters() if p.is_floating_point()]
             if params and params[0].dtype == torch.float32:
                 return ""
-        return model_label(self.models, hint)
+        return model_label(self.models, hint, cpu=not _cuda_in_use())

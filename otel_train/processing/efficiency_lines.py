@@ -45,7 +45,8 @@ def _no_peak_reason(dtype: str) -> str:
         )
     if not dtype:
         return (
-            "the precision of the float32 matmuls is unknown (PyTorch's precision settings "
+            "the precision the matmuls ran in is unknown (no model given to instrument() and "
+            "nothing counted, float32 DTensor parameters, PyTorch's precision settings "
             "refused to say, convolutions and matmuls run at different precisions, or a "
             "compiled forward hid autocast): set peak_dtype"
         )

@@ -20,6 +20,13 @@ which counts them; an error in the dtype noting or in one of torch's FLOP formul
 kept, the formula counts 0, and the step ends the count without a result (logged once,
 no more counts). What the operators themselves raise passes through unchanged.
 
+Tensor parallelism: a DTensor operator shows its global shapes, but each rank computes
+on its local shards. The dtype mode hands DTensor operators on to DTensor's own dispatch
+(``NotImplemented``), which runs them on the local tensors with both modes still active,
+so the counter counts the local operators: the FLOPs this rank ran. Operators on tensor
+subclasses that dispatch themselves (DTensor, the fake tensors DTensor's sharding
+propagation runs on) count 0; what they run on plain tensors is counted.
+
 Usage (what the efficiency tracker and the recorder do)::
 
     probe = FlopProbe(recorder, first_index=1)
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from time import perf_counter_ns
@@ -41,8 +49,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..recording.flop_counts import CountResult, FlopKey
+from ..recording.precision import dispatches_itself, dtype_label
 from ..recording.precision import dominant as dominant_label
-from ..recording.precision import dtype_label
 
 _log = logging.getLogger("otel_train")
 
@@ -53,6 +61,24 @@ _MATMUL_NAMES = frozenset({
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
     "_efficient_attention_forward", "_scaled_mm",
 })  # fmt: skip
+
+
+def _on_subclass(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an operator call has a self-dispatching tensor among its inputs (one list
+    level deep, as operator schemas take them)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            if any(dispatches_itself(x) for x in a):
+                return True
+        elif dispatches_itself(a):
+            return True
+    return False
+
+
+def _dtensor_type() -> Any:
+    """DTensor's class when tensor parallelism was imported (else None: none exists)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 MAX_MISSES = 2  # counted steps of an already-counted size before a recount gives up
@@ -72,13 +98,18 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        # (operator packet, input dtype or None for fp8 scaled matmuls, is a convolution)
-        self.calls: collections.Counter[tuple[Any, Any, bool]] = collections.Counter()
+        # (operator packet, input dtype or None for fp8 scaled matmuls, is a convolution,
+        # runs on the CPU)
+        self.calls: collections.Counter[tuple[Any, Any, bool, bool]] = collections.Counter()
         self.error: Exception | None = None  # the count's own first error: no result
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        dtensor = _dtensor_type()
+        if dtensor is not None and dtensor in types:
+            # DTensor's dispatch runs it on the local shards, through these modes again.
+            return NotImplemented
         if self.error is None:
             try:
                 self._note(func, args)
@@ -89,21 +120,20 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
     def _note(self, func: Any, args: tuple[Any, ...]) -> None:
         packet = getattr(func, "overloadpacket", None)  # (None: a higher-order operator)
         name = packet.__name__ if packet is not None else ""
-        if name in _MATMUL_NAMES:
-            if name == "_scaled_mm":
-                self.calls[(packet, None, False)] += 1
-            else:
-                for a in args:
-                    if isinstance(a, torch.Tensor) and a.is_floating_point():
-                        self.calls[(packet, a.dtype, name == "convolution")] += 1
-                        break
+        if name in _MATMUL_NAMES and not _on_subclass(args, {}):
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    dtype = None if name == "_scaled_mm" else a.dtype
+                    cpu = a.device.type == "cpu"
+                    self.calls[(packet, dtype, name == "convolution", cpu)] += 1
+                    break
 
     def guarded(self, formula: Callable[..., int]) -> Callable[..., int]:
         """``formula`` (one of torch's FLOP formulas, called as the counter calls them)
         counting 0 instead of raising into the operator; its error is kept here."""
 
         def formula_or_zero(*args: Any, **kwargs: Any) -> int:
-            if self.error is None:
+            if self.error is None and not _on_subclass(args, kwargs):
                 try:
                     return formula(*args, **kwargs)
                 except Exception as err:
@@ -116,8 +146,8 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         """The precision holding most of the step's counted FLOPs (precision.dominant();
         calls weigh in for operators the counter gave no FLOPs)."""
         calls: dict[Any, collections.Counter[str]] = {}
-        for (op, dtype, conv), n in self.calls.items():
-            label = "fp8" if dtype is None else dtype_label(dtype, conv)
+        for (op, dtype, conv, cpu), n in self.calls.items():
+            label = "fp8" if dtype is None else dtype_label(dtype, conv, cpu)
             calls.setdefault(op, collections.Counter())[label] += n
         weights: dict[str, float] = {}
         for op, labels in calls.items():

@@ -46,10 +46,15 @@ def _new_api(*path: str) -> str:
     return ""
 
 
-def fp32_label(conv: bool = False) -> str:
-    """``"tf32"`` or ``"fp32"`` for float32 matmuls (``conv``: cuDNN convolutions) on CUDA,
-    or ``""`` when PyTorch will not say. Never raises."""
+def fp32_label(conv: bool = False, cpu: bool = False) -> str:
+    """``"tf32"`` or ``"fp32"`` for float32 matmuls (``conv``: convolutions) on CUDA, or
+    ``""`` when PyTorch will not say. ``cpu``: on the CPU, where oneDNN's setting
+    (``torch.backends.mkldnn``) applies, never CUDA's ("bf16", "tf32", else "fp32").
+    Never raises."""
     try:
+        if cpu:
+            setting = _new_api("mkldnn", "conv" if conv else "matmul")
+            return setting if setting in ("bf16", "tf32") else "fp32"
         setting = _new_api("cudnn", "conv") if conv else _new_api("cuda", "matmul")
         if setting:
             return "tf32" if setting == "tf32" else "fp32"
@@ -60,13 +65,14 @@ def fp32_label(conv: bool = False) -> str:
         return ""
 
 
-def dtype_label(dtype: torch.dtype, conv: bool = False) -> str:
-    """The peak-table label of an operator input's dtype (``""``: unknown). Never raises."""
+def dtype_label(dtype: torch.dtype, conv: bool = False, cpu: bool = False) -> str:
+    """The peak-table label of an operator input's dtype (``""``: unknown; ``cpu``: the
+    input is on the CPU). Never raises."""
     label = _LABELS.get(dtype)
     if label is not None:
         return label
     if dtype == torch.float32:
-        return fp32_label(conv)
+        return fp32_label(conv, cpu)
     name = str(dtype)
     if "float8" in name:
         return "fp8"
@@ -79,7 +85,7 @@ def autocast_label() -> str | None:
     try:
         for device in ("cuda", "cpu"):
             if torch.is_autocast_enabled(device):
-                return dtype_label(torch.get_autocast_dtype(device))
+                return dtype_label(torch.get_autocast_dtype(device), cpu=device == "cpu")
     except Exception:  # torch without the device-type arguments
         return None
     return None
@@ -95,27 +101,40 @@ def dominant(flops_by_label: dict[str, float], share: float = 0.9) -> str:
     return label if top >= share * total else MIXED
 
 
-def model_label(models: list[Any], hint: str | None) -> str:
+def dispatches_itself(value: Any) -> bool:
+    """Whether ``value`` is a tensor of a subclass with its own ``__torch_dispatch__``
+    (DTensor, FakeTensor): it computes through other tensors, or not at all."""
+    return isinstance(value, torch.Tensor) and (
+        type(value).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+    )
+
+
+def model_label(models: list[Any], hint: str | None, cpu: bool) -> str:
     """The precision a model's matmuls run in when nothing was counted: autocast's dtype
     when an adapter saw one (``hint``), else the parameters', with float32 resolved per
-    kind of layer (matmul or convolution); ``""`` when unsure (no MFU rather than a wrong
-    one)."""
+    kind of layer (matmul or convolution) and device; ``""`` when unsure (no MFU rather
+    than a wrong one): no model known (``flops_per_step`` with ``otel_train.step()``, a
+    torchtitan trainer), or float32 parameters that are DTensors (FSDP2's mixed-precision
+    policy computes them in another dtype). ``cpu``: no CUDA device is in use, so the
+    CPU's settings apply (else CUDA's: the peak is the GPU's)."""
     if hint:
         return hint
-    dtype = None
+    first = None
     conv = linear = False
     for model in models:
         for module in model.modules():
             conv = conv or isinstance(module, torch.nn.modules.conv._ConvNd)
             linear = linear or isinstance(module, torch.nn.Linear)
-        if dtype is None:
-            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if dtype is None:
-        return "fp32"
-    if dtype != torch.float32:
-        return dtype_label(dtype)
-    # Convolutions run at cuDNN's precision, everything else at the matmul precision.
-    labels = {fp32_label(conv=True)} if conv else set()
+        if first is None:
+            first = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if first is None:
+        return ""
+    if first.dtype != torch.float32:
+        return dtype_label(first.dtype, cpu=cpu)
+    if dispatches_itself(first):
+        return ""
+    # Convolutions run at cuDNN's (oneDNN's) precision, everything else at the matmuls'.
+    labels = {fp32_label(conv=True, cpu=cpu)} if conv else set()
     if linear or not conv:
-        labels.add(fp32_label(conv=False))
+        labels.add(fp32_label(conv=False, cpu=cpu))
     return labels.pop() if len(labels) == 1 else ""

@@ -153,7 +153,7 @@ def test_convolutions_and_matmuls_at_different_precisions_give_no_mfu(
         torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(12, 2))
     )
     assert _mfu_dtype(tel) is None
-    assert "precision of the float32 matmuls is unknown" in _summary(capsys)
+    assert "precision the matmuls ran in is unknown" in _summary(capsys)
 
 
 def test_counted_matmuls_under_the_new_api_take_the_tf32_peak(
@@ -190,3 +190,44 @@ def test_rocm_tf32_when_hipblaslt_allows_it(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("HIPBLASLT_ALLOW_TF32", "1")
     peak = lookup_peak("AMD Instinct MI300X", "tf32")
     assert peak is not None and peak.flops_per_s == pytest.approx(653.7e12)
+
+
+@pytest.fixture
+def cuda_tf32_allowed() -> Iterator[None]:
+    """nanoGPT's ``torch.backends.cuda.matmul.allow_tf32 = True``, restored after."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_a_cpu_run_is_not_labelled_by_cudas_tf32_setting(
+    cuda_tf32_allowed: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38 item 16: CUDA's TF32 switch labelled CPU matmuls "tf32"; on the CPU,
+    oneDNN's setting applies (unset here: float32)."""
+    assert precision.fp32_label() == "tf32"  # (CUDA's own label follows the switch)
+    otel_train.configure(console="stderr", console_every=0, **providers(InMemoryTelemetry()))
+    _loop(torch.nn.Linear(8, 8))
+    otel_train.shutdown()
+    text = _summary(capsys)
+    assert "matmuls in fp32" in text and "tf32" not in text
+    assert precision.model_label([torch.nn.Linear(8, 8)], None, cpu=True) == "fp32"
+
+
+def test_given_flops_with_no_model_known_give_no_mfu_and_say_why(
+    h100: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38 item 13: with no model the label was "fp32", so bf16 work got an MFU
+    measured against the fp32 peak (~15x high on an H100). Unsure is no MFU."""
+    tel = InMemoryTelemetry()
+    otel_train.configure(flops_per_step=1e9, console="stderr", console_every=0, **providers(tel))
+    w = torch.randn(8, 8, dtype=torch.bfloat16)
+    for _ in range(4):
+        with otel_train.step(samples=8):
+            (w @ w).sum()
+    otel_train.shutdown()
+    assert value(tel, c.THROUGHPUT_FLOPS.name) is not None
+    assert _mfu_dtype(tel) is None
+    text = _summary(capsys)
+    assert "MFU -" in text and "no model given to instrument()" in text
