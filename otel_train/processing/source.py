@@ -70,7 +70,7 @@ class StepSource:
         self.recorder = recorder
         self.notes = notes if notes is not None else SummaryNotes()
         self.shed_steps = 0  # (the sidecar's source counts some at the end: replica.py)
-        self.clock = DeviceClock()
+        self.clock = DeviceClock(recorder.events)
         self.shapes: dict[Any, Shape] = {}
 
     def take(self, derive: bool = True, keep_partial: bool = False) -> Delivery:
@@ -122,7 +122,8 @@ class StepSource:
         checked at the head and popped after could be one it just recycled."""
         # (``pending`` applies the log first: a partial step kept there must stay)
         rec = self.recorder
-        pending = rec.finished if keep_partial else rec.pending
+        # (stamped boundaries are replayed here one by one: no partial step kept)
+        pending = rec.finished if keep_partial and not rec.stamping else rec.pending
         out: list[Step] = []
         while True:
             try:
@@ -172,9 +173,8 @@ class StepSource:
         settle(step, device)
         clock = self.clock
         for ev0, _, ev1, _ in timed:
-            for ev in (ev0, ev1):
-                if not clock.is_anchor(ev):
-                    events.release(ev)
+            events.release(ev0)
+            events.release(ev1)
         for ev in clock.retired():
             events.release(ev)
         return step

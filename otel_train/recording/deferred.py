@@ -1,7 +1,8 @@
 """The deferred log: boundaries logged on the training thread, applied later under a lock.
 
-Until CUDA is in use nothing must be read at a boundary but the clock, so a hook appends
-``(stack, time, kind, ...)`` to a log and returns; the state machine (phases.py) replays
+Nothing must be read at a boundary but the clock (and, with the device timed, its event
+and allocator sample: stamps.py), so a hook appends ``(stack, time, kind, ...)`` to a
+log and returns; the state machine (phases.py) replays
 the log under the lock on whichever thread settles it first, normally the worker. Any
 caller that needs the state settles before it reads it, so the state every caller sees
 is the same as if nothing had been deferred. Runs of steps whose boundaries repeat a known
@@ -14,7 +15,7 @@ from __future__ import annotations
 import collections
 import threading
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
 from .layouts import (
@@ -39,24 +40,12 @@ from .layouts import (
 from .phases import PhaseMachine
 from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, NEAR_WINDOW, SETTLE_SLICE
 from .shapes import StepShapes
+from .stamps import StampedLog
 from .templates import KIND, STACK, Run, Template
 
 if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
-    from .ring import Ring
-
-
-class Unapplied(Protocol):
-    """Whoever takes entries off the log to send them on unapplied (the sidecar's raw
-    hand-over, sidecar/raw.py): while ``raw`` is true this recorder's state lags those
-    entries, and ``leave_raw()`` (the lock held) applies them here first. A session
-    ends (the ring's writer reports, :meth:`Recorder.ring_due`) at ring position
-    ``ends_at``, before a debugging window's first step could be written."""
-
-    raw: bool
-    ends_at: int
-
-    def leave_raw(self) -> None: ...
+    from .ring import Ring, Unapplied
 
 
 class DeferredLog(PhaseMachine):
@@ -76,8 +65,6 @@ class DeferredLog(PhaseMachine):
         self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
         # The newest entry time that left the log or the queue (progress_ns).
         self.progress_floor = 0
-        # Until CUDA is in use nothing must be read at a boundary but the clock: defer the
-        # rest (Recorder.watch_cuda ends it when CUDA shows up).
         # Who takes the log past how many entries (on_backlog), and whether a debugging
         # window lies ahead, so the log is handed over before one of its steps is logged.
         if debug is not None:
@@ -130,13 +117,19 @@ class DeferredLog(PhaseMachine):
             self._decide_deferral()
 
     def _device_scalars(self) -> None:
-        """A CUDA tensor was recorded (device_timing="off"): its value arrives by an event
-        that only this process can query, so steps are kept as steps from now on (the log
-        and the raw hand-over, which cross to the sidecar unresolved, stop)."""
+        """A CUDA tensor was recorded: its value arrives by an event only this process can
+        query; with the device not timed, the log and the raw hand-over (which cross to
+        the sidecar unresolved) stop."""
         with self._lock:
             self._settle()
             self._scalar_events = True
             self._decide_deferral()
+
+    @property
+    def stamping(self) -> bool:
+        """Whether hooks log with stamps (the device timed): the log is replayed here,
+        in this process, never handed on unapplied."""
+        return self._defer and self._cuda
 
     def note_progress(self, t: int) -> None:
         """Entries or steps up to ``t`` left the log or the queue (progress_ns)."""
@@ -160,17 +153,23 @@ class DeferredLog(PhaseMachine):
             first = debug.acts_from()
             if first is not None:
                 room = first - self._next_index
+        timed = self._cuda  # the device is timed: events and memory go in stamps
         self._defer = (
-            not self._cuda_in_use()
+            (timed or not self._cuda_in_use())  # (in use, not bound yet: at once, to bind)
             and self._flop_probe is None
-            and not self._scalar_events
+            and (timed or not self._scalar_events)
             and room > NEAR_WINDOW
         )
         self.window_room = room
-        if self._defer and room - 1 < self._take_limit:
+        if self._defer and timed and self._log.__class__ is not StampedLog:
+            self._log = StampedLog(self._take_stamp, self._log)  # (a thread's hook: stamps)
+        # Stamped logs are taken by a thread of their own (the worker, the feeder's):
+        # the training thread hands on only a large backlog.
+        take = max(self._take_limit, MAX_LOG // 4) if timed else self._take_limit
+        if self._defer and room - 1 < take:
             self._log_limit, self._on_full = room - 1, self._near_window
         else:
-            self._log_limit, self._on_full = self._take_limit, self._taker
+            self._log_limit, self._on_full = take, self._taker
 
     def _near_window(self) -> None:
         """The log is as long as it may be before a debugging window: apply it here (the
@@ -336,7 +335,7 @@ class DeferredLog(PhaseMachine):
             handover.leave_raw()
         log = self._log
         popleft = log.popleft
-        replay = self._replay
+        replay = self._replay_stamped if log.__class__ is StampedLog else self._replay
         try:
             while log:
                 # Entries appended meanwhile wait for the next pass (or the next call).
@@ -407,8 +406,8 @@ class DeferredLog(PhaseMachine):
         replaying the partial step, or learning from it, would cost more than the rest).
         """
         out: list[tuple[list[Step], Run]] = []
-        if not self._log or not self._defer or not self.blocks:
-            return out
+        if not self._log or not self._defer or not self.blocks or self.stamping:
+            return out  # (stamped steps are replayed one by one: _settle)
         with self._lock:
             self._catch_up()
             log = self._log

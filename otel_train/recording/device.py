@@ -56,10 +56,13 @@ class EventPool:
     """Reusable timing events of one device; creation is not free, recording one is an
     async enqueue. ``device`` is set when the recorder binds (None: the current one)."""
 
-    __slots__ = ("_free", "created", "device")
+    __slots__ = ("_free", "_holders", "created", "device")
 
     def __init__(self, device: int | None = None) -> None:
         self._free: collections.deque[Any] = collections.deque()
+        # Holders beyond the first, by event id: a boundary's one event serves the phase
+        # that ends there and what begins there (stamps.py); the anchor of a DeviceClock.
+        self._holders: dict[int, int] = {}
         self.created = 0
         self.device = device
 
@@ -76,9 +79,22 @@ class EventPool:
         ev.record(torch.cuda.current_stream(self.device))
         return ev
 
+    def share(self, ev: Any) -> None:
+        """One holder more of ``ev``: it returns to the pool after every holder let go."""
+        key = id(ev)
+        self._holders[key] = self._holders.get(key, 0) + 1
+
     def release(self, ev: Any) -> None:
-        if ev is not None:
-            self._free.append(ev)
+        if ev is None:
+            return
+        holders = self._holders
+        if holders:
+            more = holders.pop(id(ev), 0)
+            if more:
+                if more > 1:
+                    holders[id(ev)] = more - 1
+                return
+        self._free.append(ev)
 
 
 def on_device(index: int | None) -> contextlib.AbstractContextManager[Any]:
@@ -93,11 +109,13 @@ def on_device(index: int | None) -> contextlib.AbstractContextManager[Any]:
 class DeviceClock:
     """Places completed CUDA events on the host ``perf_counter_ns`` clock (see module doc).
 
-    The clock keeps its anchor (an event of a step already resolved) out of the pool while
-    it anchors; an anchor it lets go is handed back by :meth:`retired`, once.
+    The clock holds its anchor (an event of a step already resolved) as one more holder
+    of the pool (``pool.share``), so the caller releases every event it placed; an
+    anchor the clock lets go is handed back by :meth:`retired`, once.
     """
 
-    def __init__(self, reanchor_ns: int = 30_000_000_000) -> None:
+    def __init__(self, pool: EventPool, reanchor_ns: int = 30_000_000_000) -> None:
+        self._pool = pool
         self._anchor: Any = None
         self._anchor_host = 0
         self._anchor_taken = 0
@@ -127,23 +145,18 @@ class DeviceClock:
         placed = [(base + s, base + e) for s, e in out]
         last = spans[-1]
         if last[3] - self._anchor_taken > self._reanchor_ns:
-            old = self._anchor
+            self._retired.append(self._anchor)
             self._take_anchor(last[2], last[3])
-            if all(old is not s[0] and old is not s[2] for s in spans):
-                self._retired.append(old)  # (else the caller releases it with the rest)
         return placed
 
     def _take_anchor(self, ev: Any, host_ns: int) -> None:
+        self._pool.share(ev)
         self._anchor = ev
         self._anchor_host = host_ns
         self._anchor_taken = host_ns
 
-    def is_anchor(self, ev: Any) -> bool:
-        return ev is self._anchor
-
     def retired(self) -> list[Any]:
-        """Anchors let go since the last call that were not among the events just placed
-        (those the caller releases itself): each goes back to the pool exactly once."""
+        """Anchors let go since the last call: the caller releases each once."""
         out, self._retired = self._retired, []
         return out
 

@@ -43,6 +43,7 @@ from .scopes import (
     MAX_STACK,
     REMOTE,
 )
+from .stamps import BoundaryStamps
 from .tokens import MAX_PRODUCED
 from .values import add_count
 
@@ -64,9 +65,10 @@ def _import_torch() -> None:
     global torch
     import torch
 
-    from . import device, values
+    from . import device, stamps, values
 
     device.import_torch()
+    stamps.import_torch()
     values.import_torch()
 
 
@@ -83,7 +85,7 @@ def _times_the_device(settings: Settings) -> bool:
     return settings.device_timing != "off" and torch.cuda.is_available()
 
 
-class StepMachine(StepLinks):
+class StepMachine(StepLinks, BoundaryStamps):
     """The recorder's state and its step transitions (phases: phases.py)."""
 
     def __init__(
@@ -92,6 +94,7 @@ class StepMachine(StepLinks):
         """``replay_only``: a machine that only replays logs and never times the device (the
         sidecar's copy, the scratch machine of shapes.py); ``debug``: the profiler
         window / memory snapshot hooks, when one is on."""
+        BoundaryStamps.__init__(self)
         self.settings = settings
         self.enabled = True
         self._pending: collections.deque[Step] = collections.deque()
@@ -105,8 +108,8 @@ class StepMachine(StepLinks):
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
         self._want_cuda = not replay_only and _times_the_device(settings)
-        # Whether hooks log their boundaries, to be applied later (deferred.py): never
-        # while CUDA is in use, whose events and memory figures are due at the boundary.
+        # Whether hooks log their boundaries, to be applied later (deferred.py); with the
+        # device timed, each with its event and memory figures taken there (stamps.py).
         self._defer = False
         self._debug = debug  # profiler window / memory snapshot, usually off
         # FLOP counting (processing/flops.py): set only while a step is to be counted.
@@ -180,7 +183,9 @@ class StepMachine(StepLinks):
     def _refresh_cuda(self) -> None:
         # Cheap re-check until CUDA shows up: we never create a CUDA context ourselves.
         # Not while boundaries are logged: an event recorded as the log is applied would
-        # time nothing (CUDA showing up ends the logging first: Recorder.watch_cuda).
+        # time nothing (CUDA showing up ends the logging first: Recorder.watch_cuda, and
+        # the first step applied at once binds the device here; then the hooks log again,
+        # with stamps: _decide_deferral).
         if self._want_cuda and not self._defer and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             if self.device is None:
                 self.device = self.events.device = torch.cuda.current_device()
@@ -190,6 +195,10 @@ class StepMachine(StepLinks):
                 from .memory import CudaMemoryTracker  # (once: CUDA showed up)
 
                 self.memory = CudaMemoryTracker(self.settings.reset_peak_memory, self.device)
+            self._decide_deferral()
+
+    def _decide_deferral(self) -> None:
+        """Whether hooks log their boundaries (deferred.py): a bare machine never does."""
 
     def _thread_device(self) -> int | None:
         """The device a background or remote tree on this thread is timed on: the bound
@@ -197,6 +206,8 @@ class StepMachine(StepLinks):
         bound device's stream would time another thread's work)."""
         if not self._cuda:
             return None
+        if self._stamp is not None:  # (replayed: the hook's thread, as its stamp says)
+            return self._stamp_device()
         return self.device if torch.cuda.current_device() == self.device else None
 
     def _release_timing(self, step: Step) -> None:
@@ -212,7 +223,7 @@ class StepMachine(StepLinks):
         it a host-timed step, its events back in the pool."""
         if step.ev0 is None:
             return
-        step.ev1 = self.events.record()
+        step.ev1 = self._boundary_event()
         if step.ev1 is None:
             self._release_timing(step)
             step.ev0 = None
@@ -240,7 +251,7 @@ class StepMachine(StepLinks):
             if self._want_cuda and not self._cuda:
                 self._refresh_cuda()
             if self._cuda:
-                step = Step(self._next_index, t, mode, self.events.record(), self.device)
+                step = Step(self._next_index, t, mode, self._boundary_event(), self.device)
             else:
                 step = Step(self._next_index, t, mode, None, None)
             if mode != CYCLE:
@@ -468,7 +479,7 @@ class StepMachine(StepLinks):
             self._refresh_cuda()
         device = self._thread_device()
         if device is not None:
-            holder = Step(-1, t, REMOTE, self.events.record(), device)
+            holder = Step(-1, t, REMOTE, self._boundary_event(), device)
         else:
             holder = Step(-1, t, REMOTE, None, None)
         if parent is not None:

@@ -82,11 +82,12 @@ class PhaseMachine(StepMachine):
             if self._cuda:
                 # (a tree on a thread of another device: host time, see _thread_device)
                 timed = step.device is not None and name not in HOST_PHASES
-                ev = self.events.record() if timed else None
+                ev = self._boundary_event() if timed else None
                 r0 = o0 = 0
                 mem = self.memory
-                if mem is not None:
-                    pa, pr, r0, o0 = mem.sample()
+                sample = self._boundary_memory(mem) if mem is not None else None
+                if sample is not None:
+                    pa, pr, r0, o0 = sample
                     self._fold_all(stack, pa, pr)
             else:
                 ev = None
@@ -152,14 +153,15 @@ class PhaseMachine(StepMachine):
             _, seq, parent, t0, ev0, step, _, _, r0, o0 = entry
             ev = None
             if ev0 is not None:
-                ev = self.events.record()
+                ev = self._boundary_event()
                 if ev is None:  # a CUDA-graph capture began inside the phase: host time
                     self.events.release(ev0)
                     ev0 = None
             memory = None
             mem = self.memory
-            if mem is not None:
-                pa, pr, r, o = mem.sample()
+            sample = self._boundary_memory(mem) if mem is not None else None
+            if sample is not None:
+                pa, pr, r, o = sample
                 self._fold_all(stack, pa, pr)
                 memory = (entry[S_PEAK_ALLOCATED], entry[S_PEAK_RESERVED], r - r0, o - o0)
             stack.pop()

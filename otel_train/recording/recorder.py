@@ -236,10 +236,12 @@ class Recorder(TraceEntries):
 
     def watch_cuda(self) -> None:
         """(The thread that hands steps on, now and then.) CUDA showed up while the
-        hooks log their boundaries: apply the log, and from the next boundary on the
-        hooks take events and memory figures there (what was logged stays host-timed)."""
+        hooks log their boundaries: apply the log, and apply the next boundary at once,
+        on its own thread, which binds the device (machine._refresh_cuda); from then on
+        the hooks log again, each boundary with its event and memory figures (stamps.py).
+        What was logged before stays host-timed."""
         try:
-            if self._defer and self._want_cuda and self._cuda_in_use():
+            if self._defer and not self._cuda and self._want_cuda and self._cuda_in_use():
                 with self._lock:
                     self._settle()  # (a raw session ends first: its slots applied here)
                     self._decide_deferral()

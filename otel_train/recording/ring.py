@@ -32,7 +32,7 @@ import struct
 import tempfile
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Protocol
 
 from .layouts import COUNTS, ENTER, EXIT, L_KIND, STEP_BEGIN, STEP_END, MainPhaseStack
 from .scopes import B_COUNTED
@@ -61,6 +61,19 @@ try:
     )
 except ImportError:  # (not built: the Python writer and decoder below, the same slots)
     NATIVE = NATIVE_DECODE = None
+
+
+class Unapplied(Protocol):
+    """Whoever takes entries off the log to send them on unapplied (the sidecar's raw
+    hand-over, sidecar/raw.py): while ``raw`` is true this recorder's state lags those
+    entries, and ``leave_raw()`` (the lock held) applies them here first. A session
+    ends (the ring's writer reports, :meth:`Recorder.ring_due`) at ring position
+    ``ends_at``, before a debugging window's first step could be written."""
+
+    raw: bool
+    ends_at: int
+
+    def leave_raw(self) -> None: ...
 
 
 class Tables:

@@ -88,6 +88,7 @@ class RawHandover:
         if (
             self.raw
             or not rec._defer
+            or rec.stamping  # (events cross no process: steps go resolved)
             or rec.window_room <= RAW_ROOM  # (a debugging window near: the log's bound)
             or len(rec._log) > ANNOUNCE_SLOTS
             or rec._current is not None

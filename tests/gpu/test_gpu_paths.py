@@ -185,7 +185,7 @@ def test_a_first_step_past_the_reanchor_interval(cuda: torch.device) -> None:
     otel_train.configure(console="off", trace_steps="all", **_providers(tel))
     session = _healthy()
     assert session.worker is not None
-    session.worker.source.clock = DeviceClock(reanchor_ns=50_000_000)
+    session.worker.source.clock = DeviceClock(session.recorder.events, reanchor_ns=50_000_000)
     a = torch.randn(2048, 2048, device=cuda)
     with otel_train.step(), otel_train.phase("first"):
         a @ a

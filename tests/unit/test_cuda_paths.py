@@ -5,6 +5,7 @@ defects: queries without a device guard, events bound to one device, captures in
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -67,7 +68,13 @@ def _no_event_twice(session: Any) -> None:
     for step in session.recorder._pending:
         held += [step.ev0, step.ev1] + [e for p in step.phases for e in p[5:7]]
     held = [e for e in held if e is not None]
-    assert len({id(e) for e in held}) == len(held), "two open records share an event"
+    # One boundary's event serves the phase that ends and what begins there (stamps.py):
+    # records may share an event only as holders the pool counts.
+    holders = session.recorder.events._holders
+    shared = collections.Counter(id(e) for e in held)
+    assert all(n - 1 <= holders.get(k, 0) for k, n in shared.items()), (
+        "two open records share an event the pool does not count"
+    )
     assert not {id(e) for e in held} & {id(e) for e in free}, "a held event is also free"
 
 
@@ -145,7 +152,8 @@ def test_a_first_step_past_the_reanchor_interval_hands_out_no_event_twice(
     """Item 5: the clock re-anchors inside the call that took its first anchor."""
     tel = InMemoryTelemetry()
     session = _start(tel)
-    session.worker.source.clock = DeviceClock(reanchor_ns=2_000_000)  # 2 ms, not 30 s
+    clock = DeviceClock(session.recorder.events, reanchor_ns=2_000_000)  # 2 ms, not 30 s
+    session.worker.source.clock = clock
     with otel_train.step(), otel_train.phase("forward"):
         time.sleep(0.005)  # a long first step (compilation, autotuning)
     session.worker.process()

@@ -54,9 +54,9 @@ def test_steps_are_timed_on_the_device_once_cuda_shows_up(in_use: list[bool]) ->
         _steps(3)
         in_use[0] = True  # (the model went to the GPU, say)
         deadline = time.monotonic() + 10
-        while rec._defer and time.monotonic() < deadline:
+        while not rec.stamping and time.monotonic() < deadline:
             _steps(1)  # (steps go on as the worker, at its next wake, ends the log)
-        assert not rec._defer
+        assert rec.stamping  # (the first step after it binds the device, then stamps)
         _steps(3)
         assert otel_train.flush()
         assert rec.enabled and not session.worker.failed
@@ -85,10 +85,11 @@ def test_a_raw_session_ends_when_cuda_shows_up(
         assert handover.raw and rec._defer
         in_use[0] = True
         deadline = time.monotonic() + 10
-        while (rec._defer or handover.raw) and time.monotonic() < deadline:
+        while (not rec.stamping or handover.raw) and time.monotonic() < deadline:
             train_epoch(model, opt, loader)  # (training goes on as the feeder ends it)
             epochs += 1
-        assert not rec._defer and not handover.raw
+        # The hooks log again, with stamps (recording/stamps.py), never to the ring.
+        assert rec.stamping and not handover.raw
         for _ in range(3):
             train_epoch(model, opt, loader)
             epochs += 1

@@ -1,0 +1,109 @@
+"""What a boundary of a GPU job must take at the boundary itself, and nothing more.
+
+A CUDA event has to be recorded, and the allocator's peak read, when the training
+thread passes a boundary; everything else (which step, which phases, what they hold)
+can wait. So once the device is timed the hooks still only log: each logged entry
+carries a *stamp*, ``(event, memory)`` taken at the hook, as its last element
+(:class:`StampedLog`), and the step machine replays the log later on the thread that
+takes it (the worker, or the sidecar's feeder thread), using the stamp wherever the
+immediate path would record an event or read the allocator (:class:`BoundaryStamps`).
+
+One event per boundary: the phase that ends there and the phase (or step) that begins
+there share it, so an event may be held by several rows. The pool counts its holders
+(:meth:`EventPool.share`, device.py) and takes it back after the last one lets go.
+A boundary whose event no row took is released as its entry is replayed.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch  # (the training process's recorder binds it: machine._import_torch)
+
+    from .device import EventPool
+    from .memory import CudaMemoryTracker, MemorySample
+
+# A stamp: the boundary's event (None while a CUDA graph is captured), its allocator
+# sample (None: memory off), and whether the hook's thread ran on the bound device (a
+# background tree of a thread on another device is host-timed: machine._thread_device).
+Stamp = tuple[Any, "MemorySample | None", bool]
+UNSTAMPED: Stamp = (None, None, False)  # logged before stamps began: host time only
+
+
+def import_torch() -> None:
+    global torch
+    import torch
+
+
+class StampedLog(collections.deque):  # type: ignore[type-arg]
+    """The deferred log of a process whose device is timed: ``append`` adds the stamp
+    to an entry with a time (hooks read the clock; entries at time 0, counts and
+    scalars, get none). Only the training process's threads append; the log is read
+    under the recorder's lock, as the plain one is."""
+
+    def __init__(self, stamp: Any, earlier: collections.deque[Any]) -> None:
+        super().__init__()
+        self.take_stamp = stamp
+        for item in earlier:  # (logged before stamps began: host time)
+            collections.deque.append(self, (*item, UNSTAMPED if item[1] else None))
+
+    def append(self, item: tuple[Any, ...]) -> None:
+        collections.deque.append(self, (*item, self.take_stamp() if item[1] else None))
+
+
+class BoundaryStamps:
+    """The step machine's source of events and allocator samples: taken now (the
+    immediate path, ``_stamp`` None) or read from the stamp of the entry replayed."""
+
+    events: EventPool
+    memory: CudaMemoryTracker | None
+    device: int | None
+
+    def __init__(self) -> None:
+        self._stamp: Stamp | None = None
+        self._stamp_used = False
+
+    def _take_stamp(self) -> Stamp:
+        """(The hook's thread.) This boundary's event, on the bound device's stream of
+        this thread, its allocator sample, and whether this thread runs on that device."""
+        mem = self.memory
+        on = torch.cuda.current_device() == self.device
+        return (self.events.record(), mem.sample() if mem is not None else None, on)
+
+    def _replay_stamped(self, item: tuple[Any, ...]) -> None:
+        """Replay a stamped entry (its stamp is its last element); the event no row took
+        goes back to the pool."""
+        stamp = item[-1]
+        self._stamp, self._stamp_used = (stamp if stamp is not None else UNSTAMPED), False
+        try:
+            self._replay(item)  # type: ignore[attr-defined]
+        finally:
+            ev = self._stamp[0]
+            if ev is not None and not self._stamp_used:
+                self.events.release(ev)
+            self._stamp = None
+
+    def _boundary_event(self) -> Any:
+        """The event of the boundary being applied: recorded now, or the stamp's (shared
+        with the rows that took it before)."""
+        stamp = self._stamp
+        if stamp is None:
+            return self.events.record()
+        ev = stamp[0]
+        if ev is not None:
+            if self._stamp_used:
+                self.events.share(ev)
+            self._stamp_used = True
+        return ev
+
+    def _boundary_memory(self, mem: CudaMemoryTracker) -> MemorySample | None:
+        """The allocator sample of the boundary being applied: read now, or the stamp's."""
+        stamp = self._stamp
+        return mem.sample() if stamp is None else stamp[1]
+
+    def _stamp_device(self) -> int | None:
+        """While a stamp is replayed: the bound device if the hook's thread ran on it."""
+        stamp = self._stamp
+        return self.device if stamp is not None and stamp[0] is not None and stamp[2] else None
