@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
-from otel_helpers import providers, single_rank_group, tiny_model
+from otel_helpers import providers, single_rank_group, step_spans, tiny_model
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -52,3 +52,51 @@ def test_a_compiled_collective_traces_as_without_otel_train(dist: Any, fullgraph
     assert torch.equal(out, expected[0])
     assert counts == list(expected[1:])
     assert counts[0] == 0  # (and without otel-train: no graph break)
+
+
+class RowParallel(torch.nn.Module):
+    """Megatron's row-parallel linear layer: each rank's partial product summed over the
+    tensor-parallel group (here gloo with one rank) by an ``all_reduce`` in forward."""
+
+    def __init__(self, dist: Any) -> None:
+        super().__init__()
+        self.dist = dist
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        self.dist.all_reduce(y)
+        return y
+
+
+def train_compiled(dist: Any, tel: InMemoryTelemetry | None) -> dict[str, torch.Tensor]:
+    """4 steps of a RowParallel model compiled with torch.compile's defaults (inductor),
+    instrumented first when ``tel`` is given; the trained weights."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = RowParallel(dist)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if tel is not None:
+        otel_train.instrument(model, optimizer=opt, console="off", trace_steps="all",
+                              **providers(tel))  # fmt: skip
+    compiled = torch.compile(model)
+    for _ in range(4):
+        loss = compiled(torch.randn(2, 8)).square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    otel_train.shutdown()
+    assert sum(counters["graph_break"].values()) == 0
+    return model.state_dict()
+
+
+def test_a_model_with_a_collective_compiled_by_default_trains_as_without(dist: Any) -> None:
+    """Issue 38 item 1 with torch.compile's default backend, in a training loop: the
+    same weights as without otel-train, no graph break, one step an iteration."""
+    expected = train_compiled(dist, None)
+    tel = InMemoryTelemetry()
+    state = train_compiled(dist, tel)
+    torch._dynamo.reset()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    assert len(step_spans(tel.spans())) == 4
