@@ -67,6 +67,7 @@ from .base import (
     patch_attribute,
 )
 from .batches import choose_counter
+from .compiling import dynamo_compiling
 
 EXTRA_HINT = "pip install 'otel-train[hf]'"
 MIN_VERSION = "4.46"  # Trainer.get_batch_samples, on_pre_optimizer_step
@@ -179,6 +180,12 @@ class HFTrainerAdapter:
             self.rec.take_scalars({"loss": result})
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if dynamo_compiling():
+            # A compiled forward traced this hook: a clock read would be a graph break (an
+            # error under fullgraph=True). Dynamo replays the attribute write after each
+            # compiled call, so backward ends the unmarked forward (backward.py).
+            self.compiled = True
+            return
         if not (self.active and self.in_step and module.training and torch.is_grad_enabled()):
             return
         self.rec.transition(_FORWARD)

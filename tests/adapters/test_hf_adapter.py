@@ -157,3 +157,41 @@ def test_a_loss_the_user_records_wins_over_the_adapters_own(
     scalars = {p.attributes[c.A_NAME]: p.value for p in tel.points(c.SCALAR.name)}
     assert scalars["loss"] == logged[-1]
     assert scalars["learning_rate"] == trainer.lr_scheduler.get_last_lr()[0]
+
+
+def _compiled_llama_run(instrument_with: dict[str, object] | None) -> tuple[int, int, int]:
+    """Two steps of a tiny Llama whose forward is ``compile(fullgraph=True)``d (GPT-2's
+    forward breaks the graph by itself): (steps, graph breaks, graphs), from a fresh Dynamo."""
+    import torch._dynamo
+    from adapter_helpers import VOCAB, PaddedTokens
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=SEQ)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    model.compile(fullgraph=True, backend="eager")
+    args = hf_trainer(grad_accum=1, max_steps=2).args  # (the shared ones: CPU, nothing saved)
+    trainer = Trainer(model=model, args=args, train_dataset=PaddedTokens())
+    if instrument_with is not None:
+        otel_train.instrument(trainer, **instrument_with)
+    trainer.train()
+    otel_train.shutdown()
+    torch._dynamo.reset()
+    breaks = sum(counters["graph_break"].values())
+    return trainer.state.global_step, breaks, counters["stats"]["unique_graphs"]
+
+
+def test_a_fullgraph_compiled_forward_runs_as_without_otel_train(tel, otel_kwargs) -> None:
+    """Issue 38 item 16: the forward pre-hook read the clock inside the compiled forward, a
+    graph break (an error under fullgraph=True); it passes through while Dynamo traces."""
+    without = _compiled_llama_run(None)
+    assert without[1] == 0  # (the model compiles to one graph by itself)
+    assert _compiled_llama_run(otel_kwargs) == without
+    steps = step_spans(tel)
+    assert len(steps) == 2
+    assert all("backward" in tree(tel, s) for s in steps)
