@@ -204,8 +204,8 @@ def test_an_explicit_instrument_under_opentelemetry_instrument_is_one_instrument
 
 def test_mnist_with_a_module_transform_and_spawned_workers(collector: Any, tmp_path: Path) -> None:
     """pytorch/examples' mnist shape (tests/unit/mnist_loop.py): ``Normalize`` is an
-    ``nn.Module`` called in the dataset, here in DataLoader workers started with
-    ``spawn``, which run under ``opentelemetry-instrument`` too (issue 38 item 10). Its
+    ``nn.Module`` called in the dataset, here in a DataLoader worker started with
+    ``spawn``, which runs under ``opentelemetry-instrument`` too (issue 38 item 10). Its
     calls are data: every step has its data phase and its batch's samples, and only the
     training process sends anything of ours."""
     script = tmp_path / "mnist_loop.py"

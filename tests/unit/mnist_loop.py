@@ -3,7 +3,7 @@ convnet, ``Normalize`` applied in the dataset's ``__getitem__`` (an ``nn.Module`
 torchvision's is, called in training mode with grad enabled), Adadelta, ``F.nll_loss``,
 and a test pass under ``torch.no_grad()`` after each epoch.
 
-Run as a script, its DataLoaders have 2 workers started with ``spawn`` (as on macOS), and
+Run as a script, each DataLoader has a worker started with ``spawn`` (as on macOS), and
 it prints ``iterations samples`` of what it trained."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def train(workers: int, context: str | None = None) -> tuple[int, int]:
     opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
     kwargs: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
     if workers:
-        kwargs.update(multiprocessing_context=context, persistent_workers=False)
+        kwargs.update(multiprocessing_context=context, persistent_workers=True)
     train_loader = torch.utils.data.DataLoader(Digits(SAMPLES), shuffle=True, **kwargs)
     test_loader = torch.utils.data.DataLoader(Digits(16), **kwargs)
     iterations = samples = 0
@@ -82,4 +82,4 @@ def train(workers: int, context: str | None = None) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    print(*train(2, "spawn"))
+    print(*train(1, "spawn"))
