@@ -82,6 +82,9 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
         text += _of(size)
         text += f", matmuls in {r.dtype}" if r.dtype else ""
+        if r.uncounted:
+            text += (f"; attention ran uncounted ({', '.join(r.uncounted)}: no FLOP formula "
+                     "in this torch), so the count and MFU read low")  # fmt: skip
         text += f"; counting step took {fmt_seconds(r.seconds)}"
         typical = tracker.count_typical
         if tracker.count_cost is not None and typical is not None and r is tracker.count_results[0]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -59,7 +60,8 @@ _MATMUL_NAMES = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
-    "_efficient_attention_forward", "_scaled_mm",
+    "_efficient_attention_forward", "_scaled_mm", "_scaled_dot_product_flash_attention_for_cpu",
+    "_grouped_mm",
 })  # fmt: skip
 
 
@@ -96,8 +98,10 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
     # to the counter below, which counts them; a mode without this makes them raise.
     supports_higher_order_operators = True
 
-    def __init__(self) -> None:
+    def __init__(self, formulas: Any = ()) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        self.formulas = formulas  # the operators the counter has a formula for
+        self.uncounted: set[str] = set()  # attention operators that ran with none
         # (operator packet, input dtype or None for fp8 scaled matmuls, is a convolution,
         # runs on the CPU)
         self.calls: collections.Counter[tuple[Any, Any, bool, bool]] = collections.Counter()
@@ -120,6 +124,8 @@ class _MatmulDtypes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
     def _note(self, func: Any, args: tuple[Any, ...]) -> None:
         packet = getattr(func, "overloadpacket", None)  # (None: a higher-order operator)
         name = packet.__name__ if packet is not None else ""
+        if "attention" in name and packet not in self.formulas:
+            self.uncounted.add(name)  # (its FLOPs are missing from the count)
         if name in _MATMUL_NAMES and not _on_subclass(args, {}):
             for a in args:
                 if isinstance(a, torch.Tensor) and a.is_floating_point():
@@ -180,14 +186,31 @@ def _counting_modes() -> tuple[Any, _MatmulDtypes]:
     the dtype mode beside it (entered in that order)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    dtypes = _MatmulDtypes()
-    counter: Any = FlopCounterMode(display=False)
+    counter: Any = FlopCounterMode(display=False, custom_mapping=_own_formulas())
     if hasattr(counter, "mod_tracker"):
         counter.mod_tracker = _GlobalOnly()
     registry = getattr(counter, "flop_registry", None)  # (what the counter calls per op)
+    dtypes = _MatmulDtypes(frozenset(registry) if isinstance(registry, dict) else ())
     if isinstance(registry, dict):
         counter.flop_registry = {op: dtypes.guarded(f) for op, f in registry.items()}
     return counter, dtypes
+
+
+def _grouped_mm_flops(a: Any, b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``aten._grouped_mm`` (mixture-of-experts layers), from the shapes: two 2-d operands
+    split the contraction into groups (``(m, K) @ (K, n)``, out ``(groups, m, n)``); else
+    each output element is one dot product over ``a``'s last dimension."""
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    return 2 * math.prod(out_shape) * a[-1]
+
+
+def _own_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for operators this torch's counter has none for."""
+    from torch.utils.flop_counter import flop_registry
+
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    return {op: _grouped_mm_flops} if op is not None and op not in flop_registry else {}
 
 
 class FlopProbe:
@@ -261,7 +284,7 @@ class FlopProbe:
         if step is not self._step:
             return
         try:
-            flops, dtype = self._stop()
+            flops, dtype, uncounted = self._stop()
             if self._step_error is not None:
                 self._fail(self._step_error)
                 return
@@ -269,7 +292,7 @@ class FlopProbe:
             seconds = max(0, t1 - step.t0) / 1e9
             result = CountResult(index=step.index, samples=step.samples, tokens=step.tokens,
                                  padded=step.padded, flops=flops, dtype=dtype,
-                                 seconds=seconds)  # fmt: skip
+                                 seconds=seconds, uncounted=uncounted)  # fmt: skip
             self.results.append(result)
             # The size is known only once the step has run: when this one was counted
             # already, stay armed for a few more steps to catch the size asked for.
@@ -305,19 +328,21 @@ class FlopProbe:
             except Exception:
                 self._fail()
 
-    def _stop(self) -> tuple[int, str]:
+    def _stop(self) -> tuple[int, str, tuple[str, ...]]:
+        """The count's FLOPs, dominant precision and the attention operators it missed."""
         counter, dtypes = self._counter, self._dtypes
         self._counter = self._dtypes = self._step = None
         self._step_error = None
         if counter is None or dtypes is None:
-            return 0, ""
+            return 0, "", ()
         self._step_error = dtypes.error
         if threading.get_ident() != self._thread:
             # Dispatch modes are per thread: this one cannot be popped from here.
             raise RuntimeError("a counted step ended on another thread than it began")
         dtypes.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         counter.__exit__(None, None, None)
-        return int(counter.get_total_flops()), dtypes.dominant(_global_counts(counter))
+        flops = int(counter.get_total_flops())
+        return flops, dtypes.dominant(_global_counts(counter)), tuple(sorted(dtypes.uncounted))
 
     def _fail(self, error: BaseException | None = None) -> None:
         """No count from now on; logged with ``error``, else the exception being handled."""
