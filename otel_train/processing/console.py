@@ -290,8 +290,8 @@ class ConsoleReporter:
             return "\n".join([f"{self._head} run summary: no training steps recorded", *notes])
         wall = max(1e-12, (self.last_end - self.first_start) / 1e9)
         lines = [
-            f"{self._head} run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)}, "
-            f"in steps {fmt_seconds(self.run_step_seconds)} "
+            f"{self._head} run summary: {self.run_steps} steps, wall clock {fmt_seconds(wall)} "
+            f"(first step to last), in steps {fmt_seconds(self.run_step_seconds)} "
             f"({100.0 * self.run_step_seconds / wall:.1f}%)",
         ]
         if self.run_samples:

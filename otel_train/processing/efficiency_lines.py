@@ -107,5 +107,7 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
     if shares is not None:
         wall, share = shares
         parts = ", ".join(f"{k} {100.0 * v:.1f}%" for k, v in share.items())
-        lines.append(f"  goodput {100.0 * share['train']:.1f}% of {fmt_seconds(wall)}: {parts}")
+        # (its wall time reaches regions before the first step and after the last one)
+        lines.append(f"  goodput {100.0 * share['train']:.1f}% of {fmt_seconds(wall)} (first "
+                     f"step or region to last): {parts}")  # fmt: skip
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -115,3 +116,20 @@ def test_evaluation_inside_an_open_step_is_not_train_time() -> None:
     assert sum(share.values()) == pytest.approx(1.0, abs=1e-9)
     assert share["evaluation"] * wall == pytest.approx(sum(evaluated), abs=0.005)
     assert share["train"] < 1.0 - share["evaluation"]
+
+
+def test_the_summary_says_what_each_wall_time_covers(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 item 16: "wall clock 63.44 s" beside "goodput of 68.40 s": the first is
+    the steps' span, the second reaches an evaluation after the last step. Each says so."""
+    otel_train.configure(console="stderr", console_every=0, **providers(InMemoryTelemetry()))
+    for _ in range(3):
+        with otel_train.step(samples=1):
+            time.sleep(0.01)
+    with otel_train.region("evaluation"):
+        time.sleep(0.2)
+    otel_train.shutdown()
+    text = capsys.readouterr().err
+    wall = re.search(r"wall clock ([\d.]+) ms \(first step to last\)", text)
+    goodput = re.search(r"goodput [\d.]+% of ([\d.]+) ms \(first step or region to last\)", text)
+    assert wall is not None and goodput is not None, text
+    assert float(goodput.group(1)) > float(wall.group(1)) + 150  # (the evaluation's 200 ms)
