@@ -27,7 +27,15 @@ of time) and an estimate in microseconds at the nanoseconds per instruction of t
 span code, measured natively in this run (the fastest of 15 timed loops) against its count
 under callgrind.
 
+With ``--cuda-standin`` the job is GPU-shaped: tests/unit/cuda_standin.py stands in for
+the CUDA runtime (in use from the start; the model stays on the CPU), so the recorder
+times "the device": each boundary's stamp takes an event and an allocator read
+(recording/stamps.py). The CUDA calls per step are printed beside the instructions, which
+include the stand-in's own Python for those calls (its cost is not the runtime's: an
+upper bound). There is no ring session then (stamped boundaries never go raw).
+
 Usage: python benchmarks/instructions.py [--steps 200] [--rounds 2] [--hidden 64] [--batch 8]
+       [--cuda-standin]
 """
 
 from __future__ import annotations
@@ -69,6 +77,13 @@ def inner(args: argparse.Namespace) -> None:
     from otel_train.sidecar.raw import RawHandover
 
     torch.set_num_threads(1)
+    rt = None
+    if args.cuda_standin:
+        sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit"))
+        import cuda_standin
+        import pytest
+
+        rt = cuda_standin.installed(pytest.MonkeyPatch()).__enter__()
     model, opt, loader = ob.make_job(args.hidden, args.batch, 64)
     tp_spans = ob.sdk_tracer_provider()
     span_tracer = tp_spans.get_tracer("bench")
@@ -143,6 +158,9 @@ def inner(args: argparse.Namespace) -> None:
         "OTel SDK span per phase": (spans, None, tp_spans.force_flush),
         "SDK span micro": (span_micro, None, tp_spans.force_flush),
     }
+    if rt is not None:
+        del variants["training thread, ring session"]  # (stamped boundaries never go raw)
+    calls: dict[str, list[tuple[int, int]]] = {}
     # Warm every variant natively (instrumentation is off), then switch callgrind on.
     for run, setup, teardown in variants.values():
         if setup:
@@ -162,16 +180,26 @@ def inner(args: argparse.Namespace) -> None:
             if setup:
                 setup()
             gc.collect()  # (a full collection falls in no chunk: where one fell moved ~10k/step)
+            before = _cuda_calls(rt)
             marker()
             run()
             marker()
+            after = _cuda_calls(rt)
+            calls.setdefault(name, []).append((after[0] - before[0], after[1] - before[1]))
             if teardown:
                 teardown()
             order.append(name)
-    Path(args.inner).write_text(json.dumps(order))
+    Path(args.inner).write_text(json.dumps({"order": order, "cuda": calls}))
     otel_train.shutdown()
     tp_spans.shutdown()
     tp_ours.shutdown()
+
+
+def _cuda_calls(rt: Any) -> tuple[int, int]:
+    """Events recorded and allocator peak resets so far (the stand-in's counts)."""
+    if rt is None:
+        return (0, 0)
+    return (sum(ev.records for ev in rt.events), sum(rt.resets.values()))
 
 
 # -- outside: run it, read the dumps ------------------------------------------------------
@@ -222,6 +250,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="at least 2 (see below)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--cuda-standin", action="store_true",
+                    help="a GPU-shaped job on tests/unit/cuda_standin.py")  # fmt: skip
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
@@ -243,11 +273,12 @@ def main() -> None:
             f"--callgrind-out-file={out}", "-q", sys.executable, __file__,
             "--inner", str(order_file), "--steps", str(args.steps), "--rounds",
             str(args.rounds), "--hidden", str(args.hidden), "--batch", str(args.batch),
-        ]  # fmt: skip
+        ] + (["--cuda-standin"] if args.cuda_standin else [])  # fmt: skip
         t = time.monotonic()
         subprocess.run(cmd, check=True)
         took = time.monotonic() - t
-        order = json.loads(order_file.read_text())
+        inner_out = json.loads(order_file.read_text())
+        order, cuda = inner_out["order"], inner_out["cuda"]
         dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:]))
         # dump 1: before the first marker; then chunk, gap, chunk, gap, ...
         if len(dumps) < 2 * len(order):
@@ -263,7 +294,8 @@ def main() -> None:
     ns_per_ir = span_ns / ir["SDK span micro"]
     step_us = native_plain_step_us(448, 64)  # overhead.py's MLP: the issue's ~2 ms step
     print(f"callgrind run: {took:.0f} s; MLP 784-{args.hidden}-{args.hidden}-10, batch "
-          f"{args.batch}; {args.rounds} rounds of {args.steps}-step chunks")  # fmt: skip
+          f"{args.batch}; {args.rounds} rounds of {args.steps}-step chunks"
+          + ("; CUDA stand-in (GPU-shaped)" if args.cuda_standin else ""))  # fmt: skip
     print(f"SDK span natively: {span_ns / 1e3:.1f} us = {ir['SDK span micro']:.0f} "
           f"instructions -> {ns_per_ir * 1e3:.2f} ps per instruction")  # fmt: skip
     print(f"\n{'variant':<32}{'instr/step':>12}{'delta':>10}{'spread':>8}{'~us':>8}")
@@ -271,9 +303,19 @@ def main() -> None:
     for name in ("plain", "otel-train (default)", "otel-train, training thread only",
                  "training thread, ring session", "otel-train hooks, recorder off",
                  "OTel SDK span per phase"):  # fmt: skip
+        if name not in ir:
+            continue
         d = ir[name] - base
         print(f"{name:<32}{ir[name]:>12.0f}{d:>10.0f}{100 * spread[name]:>7.2f}%"
               f"{d * ns_per_ir / 1e3:>8.1f}")  # fmt: skip
+    if args.cuda_standin:
+        for name in ("otel-train (default)", "otel-train, training thread only"):
+            ev = statistics.median(e for e, _ in cuda[name]) / args.steps
+            reads = statistics.median(r for _, r in cuda[name]) / args.steps
+            print(
+                f"CUDA calls per step, {name}: {ev:.2f} event records, "
+                f"{reads:.2f} allocator reads (each a stats read and a peak reset)"
+            )
     ours = ir["otel-train (default)"] - base
     spans = ir["OTel SDK span per phase"] - base
     ours_us = ours * ns_per_ir / 1e3

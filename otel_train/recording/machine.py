@@ -23,28 +23,22 @@ from .device import EventPool
 from .layouts import (
     P_EV0,
     P_EV1,
-    P_MEMORY,
     P_NAME,
     P_PARENT,
-    P_SECONDS,
     P_SEQ,
-    P_T1,
     Step,
     new_stack,
 )
-from .links import CarrierGate, Parent, StepLink, StepLinks
+from .links import CarrierGate, StepLinks
 from .scopes import (
     ADAPTER,
     CYCLE,
     EXPLICIT,
     HOST_PHASES,
     INT64_MAX,
-    MAX_ORPHANS,
     MAX_STACK,
-    REMOTE,
 )
 from .stamps import BoundaryStamps
-from .tokens import MAX_PRODUCED
 from .values import add_count
 
 if TYPE_CHECKING:
@@ -107,6 +101,7 @@ class StepMachine(StepLinks, BoundaryStamps):
         # The CUDA device events and memory figures are taken on: the model's (bind_device),
         # else the training thread's current device when CUDA first shows up.
         self.device: int | None = None
+        self._replay_only = replay_only
         self._want_cuda = not replay_only and _times_the_device(settings)
         # Whether hooks log their boundaries, to be applied later (deferred.py); with the
         # device timed, each with its event and memory figures taken there (stamps.py).
@@ -172,9 +167,18 @@ class StepMachine(StepLinks, BoundaryStamps):
 
     def bind_device(self, index: int | None) -> None:
         """Take events and memory figures on CUDA device ``index`` (the model's), unless a
-        device is bound already."""
-        if index is not None and self.device is None and self._want_cuda:
+        device is bound already (with the device not timed: a CUDA scalar's copy events,
+        queried on it)."""
+        if index is not None and self.device is None and not self._replay_only:
             self.device = self.events.device = index
+
+    def bind_for_scalars(self) -> None:
+        """(The recording thread, at its first CUDA scalar.) Its copy events are queried
+        on the bound device: this thread's if none is bound yet (else a reader would make
+        a context on device 0), and CUDA-graph captures guarded (no query during one)."""
+        if self.device is None:
+            self.device = self.events.device = torch.cuda.current_device()
+        capture.install()
 
     def _cuda_in_use(self) -> bool:
         """Whether this process uses CUDA now, so that the device is timed."""
@@ -322,40 +326,6 @@ class StepMachine(StepLinks, BoundaryStamps):
         if len(pending) >= self._steps_limit:
             self._due = True  # handed on when the call that closed it returns
 
-    # -- background phases (another thread's, see PhaseMachine._enter_at) ---------------
-
-    def _tree_done(self, holder: Step) -> None:
-        """A background thread's outermost phase ended: its tree joins the open step, or
-        else waits (bounded) for the next step to end. A remote phase's tree goes to the
-        worker on its own, like a step (its rows and events are resolved alike)."""
-        self.background_open -= 1
-        if holder.mode == REMOTE:
-            holder.t1 = holder.phases[-1][P_T1]  # (the outermost phase: it ended last)
-            self._end_events(holder)
-            holder.closed = True
-            self._queue(holder)
-            self._keep_produced(holder)
-            return
-        step = self._current
-        if step is not None:
-            self._home(holder, step)
-            return
-        orphans = self._orphans
-        if len(orphans) >= MAX_ORPHANS:
-            self._drop_tree(orphans.popleft())
-        orphans.append(holder)
-
-    def _keep_produced(self, holder: Step) -> None:
-        """A remote tree's figures (its outermost phase's host seconds and memory), for
-        its scope's produced() (tokens.py): the last MAX_PRODUCED trees only."""
-        produced, link = self.produced_figures, holder.link
-        if link is None:
-            return
-        if len(produced) >= MAX_PRODUCED:
-            del produced[next(iter(produced))]
-        row = holder.phases[-1]
-        produced[link.span_id] = (row[P_SECONDS], row[P_MEMORY])
-
     @staticmethod
     def _home(holder: Step, step: Step) -> None:
         """Move a background tree's rows into ``step``, numbered after its own."""
@@ -367,36 +337,6 @@ class StepMachine(StepLinks, BoundaryStamps):
             rows.append((row[P_SEQ] + base, parent + base if parent >= 0 else -1, *row[2:]))
         if holder.error:
             step.error = True
-
-    def _drop_tree(self, holder: Step) -> None:
-        self.dropped_phases += len(holder.phases)
-        self._release_step(holder)
-
-    def _end_background(self) -> int:
-        """The end of recording: background trees no step took are dropped (counted as
-        late phases); if no step ever opened, say once why they formed none. Returns
-        how many phases were dropped."""
-        dropped = 0
-        while self._orphans:
-            holder = self._orphans.popleft()
-            dropped += len(holder.phases)
-            self._drop_tree(holder)
-        if dropped and self._next_index == 0 and not self._background_warned:
-            self._background_warned = True
-            _log.warning(
-                "otel-train: %d phases ran on a thread other than the main thread while "
-                "no step was open, and no step ever opened: such phases join steps, they "
-                "never start one. Open steps with otel_train.step() (or an instrumented "
-                "trainer) on the training thread.",
-                dropped,
-            )
-        return dropped
-
-    def reset_background(self) -> None:
-        """Forget background trees (a replay-only recorder's, when the training process
-        takes its state back: it replays them itself)."""
-        self._orphans.clear()
-        self.background_open = 0
 
     def release_finished(self, gone: bool) -> None:
         """Every finished step waiting now, released unresolved (another consumer has
@@ -470,24 +410,6 @@ class StepMachine(StepLinks, BoundaryStamps):
             step.scalars.extend(items)
         else:
             self.loose_scalars.extend(items)
-
-    def _remote_holder(self, t: int, parent: tuple[Any, ...] | None, span: int) -> Step:
-        """The tree of a remote phase entered at ``t``: in no step here; a span in the
-        trace ``parent`` names if sampled there, else metrics only (links.py); its
-        outermost span's id is ``span`` (what its token names, tokens.py)."""
-        if self._want_cuda and not self._cuda:
-            self._refresh_cuda()
-        device = self._thread_device()
-        if device is not None:
-            holder = Step(-1, t, REMOTE, self._boundary_event(), device)
-        else:
-            holder = Step(-1, t, REMOTE, None, None)
-        if parent is not None:
-            holder.link = StepLink.under(Parent(*parent))._replace(span_id=span)
-        else:  # (a bad carrier: no trace, but produced() finds its figures by the id)
-            holder.link = StepLink(0, span, 0, False)
-        self.background_open += 1
-        return holder
 
     def _discard_if_only(self, name: str) -> None:
         step = self._current

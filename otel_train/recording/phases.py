@@ -23,8 +23,8 @@ from .layouts import (
     Step,
     describe_exception,
 )
-from .machine import StepMachine
 from .scopes import ADAPTER, BACKGROUND, CYCLE, HOST_PHASES, MAX_STACK, REMOTE
+from .trees import TreeMachine
 
 # Where a collective run with no step open goes: nowhere. It is no step (an evaluation's
 # reductions, a loss reduced for logging after the optimizer's step), and opening one
@@ -34,7 +34,7 @@ OUTSIDE = Step(-1, 0, BACKGROUND, None, None)
 OUTSIDE.closed = True
 
 
-class PhaseMachine(StepMachine):
+class PhaseMachine(TreeMachine):
     """The step machine with phases: what a boundary does to a thread's stack and step.
 
     The training thread is the one whose stack opened the last explicit or adapter step

@@ -1,14 +1,13 @@
 """The hot path: steps and phases recorded as plain tuples, no OTel calls, no locks.
 
-What runs on the training thread per phase: two ``perf_counter_ns()`` reads, a
-stack push/pop and one tuple append; with CUDA also two ``cudaEventRecord``
-enqueues and (when memory tracking is on) two allocator-statistics reads. Finished
-steps go into a bounded deque that the worker drains; when it is full the oldest
-step is dropped and counted, never waited for.
+What runs on the training thread per boundary: one ``perf_counter_ns()`` read and one
+tuple append to a log; with the device timed also the boundary's stamp (stamps.py: one
+``cudaEventRecord`` enqueue and, when memory tracking is on, one allocator-statistics
+read). Finished steps go into a bounded deque that the worker drains; when it is full
+the oldest step is dropped and counted, never waited for.
 
-Adapter boundaries in a process that does not use CUDA, or not yet
-(:meth:`Recorder.transition`), are cheaper still: the hook appends ``(stack, time,
-...)`` to a log and returns; the step/phase state machine replays the log later, under
+Adapter boundaries (:meth:`Recorder.transition`) append ``(stack, time, ...)`` to the
+log and return; the step/phase state machine replays the log later, under
 a lock, on whichever thread settles it first (deferred.py). Python code right after a
 step's kernels runs on cold caches (a ``perf_counter_ns`` pair costs ~0.15-0.4 us there
 against 0.05 us warm), so the fewer objects a hook touches, the less it costs; the
@@ -16,7 +15,8 @@ worker replays a delivery of steps on warm caches.
 
 :class:`Recorder` is the one class adapters, the session and tests talk to. It is the
 top of a stack of layers, each using only those below it: the step machine
-(machine.py), phases (phases.py), the deferred log (deferred.py, with the step shapes
+(machine.py, with a boundary's stamps: stamps.py), other threads' phase trees
+(trees.py), phases (phases.py), the deferred log (deferred.py, with the step shapes
 of shapes.py), the entry methods of traces across processes (trace_entries.py), and
 here the entry methods the hooks call. The names other modules
 import from here (scopes, layouts, limits) are defined in scopes.py and layouts.py.
@@ -172,9 +172,10 @@ class Recorder(TraceEntries):
         """An adapter hook's whole work in one call, at one timestamp: boundary ``b``
         (see :func:`boundary`).
 
-        Without CUDA the call only logs ``b`` with the time and this thread's phase stack
-        (see the module docstring); with CUDA, events and memory figures must be taken at
-        the boundary itself, so it runs at once. ``b`` is never ``counted``: a counted
+        The call logs ``b`` with the time and this thread's phase stack (see the module
+        docstring; with the device timed the log adds the stamp), or applies it at once
+        while nothing may be deferred (a FLOP count, a debugging window near, CUDA just
+        come into use). ``b`` is never ``counted``: a counted
         boundary's entry carries the batch's counts (:meth:`data_fetched`).
         """
         if not self.enabled:
@@ -452,6 +453,7 @@ class Recorder(TraceEntries):
                 if item is not None:
                     items.append((name, item))
                     if item.__class__ is tuple and not self._scalar_events:
+                        self.bind_for_scalars()
                         self._device_scalars()
             if items:  # (with this thread's stack: a recognised step may hold it)
                 self._record((self._tls_stack(), 0, SCALARS, items), self._defer)

@@ -308,3 +308,31 @@ def test_a_cuda_scalar_reaches_the_sidecar_with_device_timing_off(
     assert steps_total(address, 202) == 202
     assert scrape(address).get((name, ())) == pytest.approx(2.5)  # (the one scalar: loss)
     otel_train.shutdown()
+
+
+def test_cuda_scalars_with_device_timing_off_bind_the_device_and_guard_captures(
+    rt: cuda_standin.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38 item 15: with ``device_timing="off"`` a CUDA scalar (the Hugging Face and
+    Lightning adapters record the loss every step) bound no device, so a reader queried
+    its copy events on device 0 (a context of ~500 MiB there on every rank), and no
+    CUDA-graph capture was guarded against those queries."""
+    from otel_train.recording import capture
+
+    pinned_on_cpu(monkeypatch)
+    torch.cuda.set_device(1)  # the training thread's device (a rank whose device is 1)
+    tel = InMemoryTelemetry()
+    session = _start(tel, device_timing="off")
+    for v in (4.35, 2.5):
+        with otel_train.step():
+            otel_train.record(loss=cuda_scalar(v))
+    reader = threading.Thread(target=session.worker.process, name="reader")
+    reader.start()
+    reader.join()
+    assert session.recorder.device == 1
+    assert capture._installed, "captures are not guarded against the copy events' queries"
+    _end(session)
+    assert rt.touched["reader"] == {1}, "a reading thread made a CUDA context on device 0"
+    assert rt.contexts == {1}
+    assert len(step_spans(tel.spans())) == 2
+    assert value(tel, c.SCALAR.name, name="loss") == pytest.approx(2.5)
