@@ -128,6 +128,7 @@ class EfficiencyTracker:
         self._graphs_at_start = _dynamo_graphs()
         self._counted: dict[FlopKey, float] = {}
         self.count_results: list[CountResult] = []  # one per batch size, for the summary
+        self.not_counted = ""  # why no step was counted, when the probe said (the summary)
         self._counted_steps: set[int] = set()
         self._requests: dict[FlopKey, int] = {}
         self.count_seconds = 0.0  # every counted step's wall time, recounts included
@@ -178,6 +179,10 @@ class EfficiencyTracker:
             except Exception:
                 name = None
         return parameter_count(self.models), self._model_dtype(), name
+
+    def runs_compiled(self) -> bool:
+        """Whether a model ran under torch.compile (the run facts say so)."""
+        return self._compiled()
 
     def _compiled(self) -> bool:
         """Whether a model runs under torch.compile: counting would recompile it under the
@@ -330,6 +335,9 @@ class EfficiencyTracker:
             return
         while probe.results:
             r = probe.results.popleft()
+            if r.not_counted:
+                self.not_counted = r.not_counted  # (for the summary)
+                continue
             key = r.key
             self.count_seconds += r.seconds
             self.counted_total += 1

@@ -68,6 +68,8 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         else:
             text += f", MFU - ({_no_peak_reason(tracker.peak_dtype_seen)})"
         lines.append(text)
+    if tracker.not_counted and not tracker.count_results:
+        lines.append(f"  FLOPs not counted: {tracker.not_counted}")
     for r in tracker.count_results[:MAX_COUNTED_SIZES]:
         padded = r.padded if r.padded != r.tokens else None
         size = ", ".join(

@@ -83,6 +83,10 @@ def _dtensor_type() -> Any:
     return getattr(module, "DTensor", None)
 
 
+COMPILED = (
+    "the model runs under torch.compile, which would recompile under the counter; give "
+    "flops_per_step= (or flops='estimate') for MFU"
+)
 MAX_MISSES = 2  # counted steps of an already-counted size before a recount gives up
 MAX_COUNTED_STEPS = 32  # slow counted steps per run, whatever the sizes do
 
@@ -260,11 +264,12 @@ class FlopProbe:
             if self._skip is not None and self._skip():
                 self.failed = True
                 self.disarm()
-                _log.info(
-                    "otel-train: FLOPs not counted: the model runs under torch.compile, "
-                    "which would recompile under the counter; give flops_per_step= (or "
-                    "flops='estimate') for MFU"
-                )
+                _log.info("otel-train: FLOPs not counted: %s", COMPILED)
+                # (the summary says so too, wherever it is made: this crosses the pipe)
+                self.results.append(CountResult(index=step.index, samples=step.samples,
+                                                tokens=step.tokens, padded=step.padded,
+                                                flops=0, dtype="", seconds=0.0,
+                                                not_counted=COMPILED))  # fmt: skip
                 return
             if self._counter is not None:
                 self._stop()  # the step being counted was discarded (an exhausted loader)

@@ -34,6 +34,7 @@ class CountResult:
     dtype: str  # fp32 / tf32 / bf16 / fp16 / fp8 / mixed, from the matmuls' inputs ("": none)
     seconds: float  # host wall time of the counted step, counting included
     uncounted: tuple[str, ...] = ()  # attention operators that ran with no FLOP formula
+    not_counted: str = ""  # why the step was not counted after all ("": it was)
 
     @property
     def key(self) -> FlopKey:
