@@ -141,6 +141,7 @@ class EfficiencyTracker:
         self.peak: Peak | None = None
         self._peak_known = False
         self.peak_dtype_seen = ""  # the dtype the peak was looked up for ("": unknown)
+        self.device_seen = ""  # the device name the peak was looked up for
         self._dtype = ""
         self._win: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
         self._sums = [0.0, 0.0]  # flops with a rate, their seconds, over the window
@@ -424,6 +425,7 @@ class EfficiencyTracker:
                 name = _device_name()
             except Exception:
                 name = None
+        self.device_seen = name or ""  # (the summary names a MIG slice)
         self.peak = lookup_peak(name, dtype, self._peak_tflops)
         if self.peak is not None:  # (a peak_tflops given with the precision unknown: no dtype)
             self._mfu_attrs = ((c.A_DTYPE, dtype),) if dtype else ()

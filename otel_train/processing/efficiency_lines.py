@@ -10,6 +10,7 @@ from .. import contract as c
 from ..recording.flop_counts import MIXED
 from .blocks import StepEfficiency
 from .efficiency import MAX_COUNTED_SIZES, EfficiencyTracker
+from .peaks import is_mig
 
 
 def span_attributes(eff: StepEfficiency, attrs: dict[str, Any]) -> None:
@@ -37,7 +38,12 @@ def _of(size: str) -> str:
     return f" ({size})" if size else ""
 
 
-def _no_peak_reason(dtype: str) -> str:
+def _no_peak_reason(dtype: str, device: str) -> str:
+    if is_mig(device):
+        return (
+            f"{device} is a MIG slice, with a share of the GPU's compute the datasheet peaks "
+            "do not give: set peak_tflops"
+        )
     if dtype == MIXED:
         return (
             "the matmuls ran in several precisions, none for nine tenths of the FLOPs: "
@@ -66,7 +72,8 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
                 f"TFLOP/s ({peak.device} {peak.dtype}, {peak.source})"
             )
         else:
-            text += f", MFU - ({_no_peak_reason(tracker.peak_dtype_seen)})"
+            reason = _no_peak_reason(tracker.peak_dtype_seen, tracker.device_seen)
+            text += f", MFU - ({reason})"
         lines.append(text)
     if tracker.not_counted and not tracker.count_results:
         lines.append(f"  FLOPs not counted: {tracker.not_counted}")

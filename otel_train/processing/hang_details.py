@@ -5,7 +5,8 @@ or the sidecar feeder's thread): the training thread is stuck, usually in a C ca
 released the GIL (a collective, a sleep, a lock), so its Python stack is readable with
 ``sys._current_frames()``. Nothing here touches the device or the process group beyond
 reading counters; the Flight Recorder is dumped only when it is on
-(``TORCH_FR_BUFFER_SIZE``), into the run record's directory.
+(``TORCH_FR_BUFFER_SIZE``, or the older ``TORCH_NCCL_TRACE_BUFFER_SIZE``, set above 0),
+into the run record's directory.
 
 Usage::
 
@@ -22,13 +23,11 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from time import perf_counter_ns
 from typing import Any
 
 from .. import contract as c
 from ..identity import rank, world_size
 from ..recording.collectives import DDP_OP, label, parse, phase_name, sequence_number
-from ..recording.layouts import S_NAME
 from .hangs import Progress
 
 _log = logging.getLogger("otel_train")
@@ -50,22 +49,17 @@ def details(
     ``span_id`` (that step is then traced), and the console line, printed here."""
     out: dict[str, Any] = {}
     thread = threading.main_thread().ident
-    if rec._lock.acquire(timeout=LOCK_S):  # (never held by a thread stuck in a collective)
-        try:
-            rec._settle()
-            step, stack = rec._current, rec.step_stack
-            if step is not None:
-                out[c.STEP_INDEX.key] = step.index
-                link = rec._hang_link(perf_counter_ns())
-                if link is not None:
-                    out["trace_id"], out["span_id"] = link.trace_id, link.span_id
-            if stack:
-                thread = getattr(stack, "thread", thread)
-                names = [e[S_NAME] for e in stack if parse(e[S_NAME]) is None]
-                if names:
-                    out[c.PHASE_NAME.key] = names[-1]
-        finally:
-            rec._lock.release()
+    view = rec.hang_view(LOCK_S)  # (None: the lock busy; one stuck in a collective holds none)
+    if view is not None:
+        if view.step_index is not None:
+            out[c.STEP_INDEX.key] = view.step_index
+        if view.link is not None:
+            out["trace_id"], out["span_id"] = view.link.trace_id, view.link.span_id
+        if view.thread is not None:
+            thread = view.thread
+        names = [name for name in view.phases if parse(name) is None]
+        if names:
+            out[c.PHASE_NAME.key] = names[-1]
     if regions.open:
         out[c.HANG_REGION.key] = regions.open[-1][0]
     _collective(rec, out)
@@ -105,9 +99,20 @@ def stacks(first: int | None) -> str:
     return text if len(text) <= MAX_STACKS else text[:MAX_STACKS] + "\n... (cut)"
 
 
+def flight_recorder_on() -> bool:
+    """Whether the user turned PyTorch's Flight Recorder on: its buffer size, from the
+    first of ``TORCH_FR_BUFFER_SIZE`` and ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (the older
+    name) that is set, as torch reads them, is above 0."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value.lstrip("+").isdigit() and int(value) > 0
+    return False
+
+
 def flight_recorder(directory: str | None) -> str | None:
     """PyTorch's Flight Recorder dump into ``directory`` when it is on; its path."""
-    if not directory or not os.environ.get("TORCH_FR_BUFFER_SIZE", "0").strip("0"):
+    if not directory or not flight_recorder_on():
         return None
     try:
         import torch.distributed as dist

@@ -13,7 +13,7 @@ Usage::
     peak.source             # the datasheet it came from
 
 The ``peak_tflops`` setting overrides the table (and is the only way to get MFU on a
-CPU or on a device the table does not list).
+CPU, on a MIG slice or on a device the table does not list).
 """
 
 from __future__ import annotations
@@ -92,6 +92,12 @@ PEAKS: tuple[PeakRow, ...] = (
 )  # fmt: skip
 
 
+def is_mig(device_name: str | None) -> bool:
+    """Whether the device is a MIG slice of a GPU (CUDA names it ``<GPU> MIG 1g.10gb``): it
+    has a share of the GPU's compute, so the table's whole-GPU peaks do not apply."""
+    return bool(device_name) and re.search(r"\bMIG\b", device_name or "") is not None
+
+
 def find_row(device_name: str) -> PeakRow | None:
     for row in PEAKS:
         if re.search(row.pattern, device_name, flags=re.IGNORECASE):
@@ -105,8 +111,8 @@ def lookup_peak(
     """The peak to compute MFU against, or None when none is known (MFU stays absent)."""
     if override_tflops is not None:
         return Peak(override_tflops * 1e12, dtype, "setting", "peak_tflops setting")
-    if not device_name:
-        return None
+    if not device_name or is_mig(device_name):
+        return None  # (a MIG slice: only peak_tflops gives its peak)
     row = find_row(device_name)
     if row is None:
         return None

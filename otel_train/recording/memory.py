@@ -18,9 +18,18 @@ All reads are host-side allocator bookkeeping: no device synchronisation.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+
+_log = logging.getLogger("otel_train")
+RESET_NOTICE = (
+    "otel-train: CUDA peak memory statistics are reset at every phase boundary (exact "
+    "per-phase peaks), so torch.cuda.max_memory_allocated() read by your own code covers "
+    "only the time since the last boundary; set reset_peak_memory=False "
+    "(OTEL_TRAIN_RESET_PEAK_MEMORY=0) to leave them to you"
+)
 
 MemorySample = tuple[int, int, int, int]  # peak allocated, peak reserved, retries, ooms
 
@@ -33,6 +42,8 @@ class CudaMemoryTracker:
 
     def __init__(self, reset_peaks: bool, device: int | None = None) -> None:
         self.reset_peaks = reset_peaks
+        if reset_peaks:
+            _log.warning(RESET_NOTICE)  # (once a session: its recorder makes one tracker)
         index = torch.cuda.current_device() if device is None else device
         self.device = index
         props = torch.cuda.get_device_properties(index)
