@@ -11,7 +11,8 @@ for the all-reduce: a ``ddp_all_reduce`` collective's phase inside ``backward``
 ``no_sync()`` (gradient accumulation) all-reduce nothing and get none.
 
 On CUDA with NCCL the host does not wait there (the compute stream does, device-side): the
-wait stays inside backward's device time, unsplit (docs/rationale.md).
+phase is timed on the device, from an event the last gradient's hook records on its
+thread's stream to backward's end, which the stream reaches once the all-reduce is done.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def watch_ddp(inst: Instrumentation, adapter: Any, model: Any) -> None:
         if model.require_backward_grad_sync and adapter.active:
             t = adapter.ddp_grad_ns = perf_counter_ns()
             rec.collective_now = (DDP_OP, adapter.ddp_group, None, t)
+            rec.events.release(adapter.ddp_grad_event)  # (one not waited for: back)
+            adapter.ddp_grad_event = rec.device_event()  # (this thread's stream)
 
     handle = param.register_post_accumulate_grad_hook(last_gradient)
     inst.on_undo(handle.remove)
@@ -55,6 +58,7 @@ def ddp_backward_ends(adapter: Any) -> None:
     t0 = adapter.ddp_grad_ns
     if t0:
         adapter.ddp_grad_ns = 0
+        ev0, adapter.ddp_grad_event = adapter.ddp_grad_event, None
         rec = adapter.rec
         rec.collective_now = None
-        rec.waited(DDP_OP, adapter.ddp_group, t0, perf_counter_ns())
+        rec.waited(DDP_OP, adapter.ddp_group, t0, perf_counter_ns(), ev0)

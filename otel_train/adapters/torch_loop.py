@@ -213,6 +213,7 @@ class TorchLoopAdapter:
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
+        self.ddp_grad_event: Any = None  # ... and its device event, on a timed device
         self.optimizer: Any = None  # whose steps end steps (None: any, the process-wide)
         self.optimizer_steps = 0  # taken, counted by the post-hook (scaler.py reads it)
         self.after_forward = False  # a training forward ran since the optimizer's step

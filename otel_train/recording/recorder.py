@@ -69,6 +69,7 @@ from .scopes import (
     StepScope,
     boundary,
 )
+from .stamps import Stamp, StampedLog
 from .trace_entries import TraceEntries
 from .values import clean_count, clean_name, raw_scalar
 
@@ -270,17 +271,41 @@ class Recorder(TraceEntries):
         self.collective_now = None
         self.exit(exc_type, exc, collective_phase(op, group))
 
-    def waited(self, op: str, group: str, t0: int, t1: int) -> None:
+    def waited(self, op: str, group: str, t0: int, t1: int, ev0: Any = None) -> None:
         """A collective waited for from ``t0`` to ``t1`` inside the open phase, known only
-        now (DDP's gradient all-reduce, at the end of backward): its phase, after the fact."""
+        now (DDP's gradient all-reduce, at the end of backward): its phase, after the fact.
+        ``ev0``: the device event taken at ``t0`` (:meth:`device_event`), so that on a GPU,
+        where the host does not wait, the phase is the device's wait."""
         if not self.enabled or t1 <= t0:
+            self.events.release(ev0)
             return
         try:
             stack, name = self._tls_stack(), collective_phase(op, group)
-            self._record((stack, t0, ENTER, name), self._defer)
-            self._record((stack, t1, EXIT, name, None), self._defer)
+            enter, leave = (stack, t0, ENTER, name), (stack, t1, EXIT, name, None)
+            if ev0 is None or not self._cuda:
+                self._record(enter, self._defer)
+                self._record(leave, self._defer)
+                return
+            now = self._take_stamp()  # (the end's event and sample; the start's event)
+            self._record_stamped(enter, (ev0, now[1], now[2]))
+            self._record_stamped(leave, now)
         except Exception:
             self._fail()
+
+    def _record_stamped(self, item: tuple[Any, ...], stamp: Stamp) -> None:
+        """``item`` with a stamp taken before: logged as the hooks log, or applied now."""
+        log = self._log
+        if self._defer and isinstance(log, StampedLog):
+            log.append_stamped(item, stamp)
+            return
+        with self._lock:
+            self._settle()
+            self._replay_stamped((*item, stamp))
+
+    def device_event(self) -> Any:
+        """(Any thread.) An event recorded now on this thread's stream of the bound
+        device, for a boundary placed later (:meth:`waited`); None with no device timed."""
+        return self.events.record() if self._cuda else None
 
     def exit_if_top(self, name: str, exc_type: Any = None, exc: Any = None) -> bool:
         """Exit the innermost open phase if it is ``name`` (adapters' inferred boundaries)."""

@@ -52,6 +52,10 @@ class StampedLog(collections.deque):  # type: ignore[type-arg]
     def append(self, item: tuple[Any, ...]) -> None:
         collections.deque.append(self, (*item, self.take_stamp() if item[1] else None))
 
+    def append_stamped(self, item: tuple[Any, ...], stamp: Stamp) -> None:
+        """An entry whose stamp was taken before (a boundary placed after the fact)."""
+        collections.deque.append(self, (*item, stamp))
+
 
 class BoundaryStamps:
     """The step machine's source of events and allocator samples: taken now (the
