@@ -200,13 +200,15 @@ def _counting_modes() -> tuple[Any, _MatmulDtypes]:
     return counter, dtypes
 
 
-def _grouped_mm_flops(a: Any, b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+def _grouped_mm_flops(
+    a: tuple[int, ...], b: tuple[int, ...], *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
     """``aten._grouped_mm`` (mixture-of-experts layers), from the shapes: two 2-d operands
     split the contraction into groups (``(m, K) @ (K, n)``, out ``(groups, m, n)``); else
     each output element is one dot product over ``a``'s last dimension."""
     if len(a) == 2 and len(b) == 2:
         return 2 * a[0] * a[1] * b[1]
-    return 2 * math.prod(out_shape) * a[-1]
+    return 2 * math.prod(out_shape or ()) * a[-1]
 
 
 def _own_formulas() -> dict[Any, Callable[..., int]]:
