@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import contract as c
-from ..recording.flop_counts import MIXED
+from ..recording.flop_counts import MIXED, CountResult
 from .blocks import StepEfficiency
 from .efficiency import MAX_COUNTED_SIZES, EfficiencyTracker
 from .peaks import is_mig
@@ -77,32 +77,9 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         lines.append(text)
     if tracker.not_counted and not tracker.count_results:
         lines.append(f"  FLOPs not counted: {tracker.not_counted}")
-    for r in tracker.count_results[:MAX_COUNTED_SIZES]:
-        padded = r.padded if r.padded != r.tokens else None
-        size = ", ".join(
-            f"{v:,} {k}"
-            for k, v in (("samples", r.samples), ("tokens", r.tokens), ("padded tokens", padded))
-            if v is not None
-        )
-        if not r.flops:
-            lines.append(f"  FLOPs counted at step {r.index}: none the counter can see{_of(size)}"
-                         f"; {NOTHING_COUNTED}")  # fmt: skip
-            continue
-        text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
-        text += _of(size)
-        text += f", matmuls in {r.dtype}" if r.dtype else ""
-        if r.uncounted:
-            text += (f"; attention ran uncounted ({', '.join(r.uncounted)}: no FLOP formula "
-                     "in this torch), so the count and MFU read low")  # fmt: skip
-        text += f"; counting step took {fmt_seconds(r.seconds)}"
-        typical = tracker.count_typical
-        if tracker.count_cost is not None and typical is not None and r is tracker.count_results[0]:
-            if tracker.count_cost > 0:
-                text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step of "
-                text += f"{fmt_seconds(typical)})"
-            else:  # the steps after it were as slow or slower (an evaluation among them)
-                text += f", no slower than a typical step ({fmt_seconds(typical)})"
-        lines.append(text)
+    lines += [
+        _count_line(tracker, r, fmt_seconds) for r in tracker.count_results[:MAX_COUNTED_SIZES]
+    ]
     if tracker.counted_total > 1 or tracker.scaled_steps:
         lines.append(
             f"  FLOP counting: {tracker.counted_total} counted steps took "
@@ -120,3 +97,31 @@ def summary_lines(tracker: EfficiencyTracker, fmt_seconds: Any) -> list[str]:
         lines.append(f"  goodput {100.0 * share['train']:.1f}% of {fmt_seconds(wall)} (first "
                      f"step or region to last): {parts}")  # fmt: skip
     return lines
+
+
+def _count_line(tracker: EfficiencyTracker, r: CountResult, fmt_seconds: Any) -> str:
+    """The summary's line of one FLOP count (one batch size)."""
+    padded = r.padded if r.padded != r.tokens else None
+    size = ", ".join(
+        f"{v:,} {k}"
+        for k, v in (("samples", r.samples), ("tokens", r.tokens), ("padded tokens", padded))
+        if v is not None
+    )
+    if not r.flops:
+        return (f"  FLOPs counted at step {r.index}: none the counter can see{_of(size)}"
+                f"; {NOTHING_COUNTED}")  # fmt: skip
+    text = f"  FLOPs counted at step {r.index}: {r.flops:.4g} per step"
+    text += _of(size)
+    text += f", matmuls in {r.dtype}" if r.dtype else ""
+    if r.uncounted:
+        text += (f"; attention ran uncounted ({', '.join(r.uncounted)}: no FLOP formula "
+                 "in this torch), so the count and MFU read low")  # fmt: skip
+    text += f"; counting step took {fmt_seconds(r.seconds)}"
+    typical = tracker.count_typical
+    if tracker.count_cost is not None and typical is not None and r is tracker.count_results[0]:
+        if tracker.count_cost > 0:
+            text += f" (+{fmt_seconds(tracker.count_cost)} over a typical step of "
+            text += f"{fmt_seconds(typical)})"
+        else:  # the steps after it were as slow or slower (an evaluation among them)
+            text += f", no slower than a typical step ({fmt_seconds(typical)})"
+    return text
