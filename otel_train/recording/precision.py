@@ -13,6 +13,8 @@ raise into a training step:
   (PyTorch refuses to answer which of them wins); the label is then unknown (``""``).
 - autocast: the dtype a forward runs in under ``torch.autocast``, read by adapters in
   their forward hook (:func:`autocast_label`), since the parameters stay float32.
+- on the CPU, oneDNN's setting (``torch.backends.mkldnn.matmul.fp32_precision``, which
+  ``torch.set_float32_matmul_precision`` sets too), never CUDA's TF32 switches.
 
 Usage::
 
