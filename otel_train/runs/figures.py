@@ -1,12 +1,13 @@
 """What the report plots, computed from a run record (record_data.py).
 
 Time runs in bins of the record's metric interval from the run's first snapshot. Each
-rank's cumulative figures (histograms, counters) become per-bin deltas between its
-consecutive snapshots; the ranks are then combined per bin: step and phase times
-summed (their quantiles from the summed histograms), throughput (the rates of the
-sample and token counters) summed, MFU, data stall and goodput (from the run-time
-counters, as contract.DERIVED computes them in PromQL) averaged, peak memory the
-maximum, user scalars from the lowest rank.
+rank's cumulative histograms become deltas over the intervals between its step
+histogram's samples (intervals.py: a phase histogram sampled a moment before or after
+the step histogram of its export lands in the step's bin); the ranks are then combined
+per bin: step and phase times summed (their quantiles from the summed histograms),
+throughput (the rates of the sample and token counters) summed, MFU, data stall and
+goodput (from the run-time counters, as contract.DERIVED computes them in PromQL)
+averaged, peak memory the maximum, user scalars from the lowest rank.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from .. import contract as c
 from .histogram import Histogram
+from .intervals import deltas
 from .record_data import RankRecord
 
 MIN_BIN_S = 1.0
@@ -52,25 +54,6 @@ def time_bins(ranks: list[RankRecord], width: float) -> tuple[float, int]:
 def bin_index(t: float, start: float, width: float, n: int) -> int:
     """The bin time ``t`` falls in (the first or last for times outside the grid)."""
     return min(n - 1, max(0, int((t - start) // width)))
-
-
-def deltas(rank: RankRecord, name: str) -> list[tuple[float, dict[tuple[Any, ...], Any]]]:
-    """(time, {attributes: delta}) of a cumulative metric between consecutive snapshots."""
-    out: list[tuple[float, dict[tuple[Any, ...], Any]]] = []
-    last: dict[tuple[Any, ...], Any] = {}
-    for snap in rank.snapshots:
-        step: dict[tuple[Any, ...], Any] = {}
-        for (metric, attrs), value in snap.values.items():
-            if metric != name:
-                continue
-            old = last.get(attrs)
-            if isinstance(value, Histogram):
-                step[attrs] = value.minus(old)
-            else:
-                step[attrs] = value - (old or 0.0)
-            last[attrs] = value
-        out.append((snap.t, step))
-    return out
 
 
 def histograms(ranks: list[RankRecord], name: str, start: float, width: float, n: int,

@@ -3,20 +3,33 @@
 In a run record every line holds every metric at one time, but a live stack's series
 (live.py) come back with their own sample times: a counter's sample can fall just before
 or after the histogram's of the same export. The intervals here end where a chosen
-metric (the step histogram) has a sample; every metric's delta over an interval is its
-last value at or before the interval's end less its last value at or before its start,
-so figures of one export always land in the same interval."""
+metric (the step histogram) has a sample. A metric's samples belong to the interval end
+nearest them: each end reads a metric's last value at or before its cut, the midpoint
+to the next end (the last end's cut lies as far past it as half the gap before it). A
+metric's delta over an interval is its value at the interval's cut less its value at
+the cut before, so figures of one export land in the same interval whether they were
+sampled a moment before the step histogram or a moment after."""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from .. import contract as c
 from .histogram import Histogram
 from .record_data import RankRecord
 
 Values = dict[tuple[Any, ...], Any]
+
+
+@dataclass(frozen=True)
+class Interval:
+    end: float  # the chosen metric's sample time
+    cut: float  # where samples stop counting for this interval (see the module's text)
+    deltas: dict[str, Values]  # by metric name, then by attributes
 
 
 def _timeline(rank: RankRecord, name: str) -> tuple[list[float], list[Values]]:
@@ -39,28 +52,44 @@ def _minus(now: Values, before: Values) -> Values:
     return out
 
 
-def aligned(
-    rank: RankRecord, names: Sequence[str], by: str
-) -> list[tuple[float, dict[str, Values]]]:
-    """(end time, {metric: deltas by attributes}) of each interval between the samples of
-    ``by``, the first from the start; a gauge's value is its last at or before the end."""
-    ends, _ = _timeline(rank, by)
-    lines = {name: _timeline(rank, name) for name in names}
-    out: list[tuple[float, dict[str, Values]]] = []
-    last: dict[str, Values] = {name: {} for name in names}
-    for t in ends:
-        deltas: dict[str, Values] = {}
-        for name, (times, values) in lines.items():
-            i = bisect.bisect_right(times, t + 1e-6) - 1
-            now = values[i] if i >= 0 else {}
-            deltas[name] = _minus(now, last[name])
-            last[name] = now
-        out.append((t, deltas))
+def cuts(ends: Sequence[float]) -> list[float]:
+    """Each end's cut: the midpoint to the next end; the last's half the gap before it
+    past it (a moment past it for a single end)."""
+    out = [(a + b) / 2.0 for a, b in itertools.pairwise(ends)]
+    if ends:
+        out.append(ends[-1] + ((ends[-1] - ends[-2]) / 2.0 if len(ends) > 1 else 1e-6))
     return out
 
 
-def last_value(rank: RankRecord, name: str, t: float) -> Values:
-    """A gauge's values at or before ``t``."""
-    times, values = _timeline(rank, name)
-    i = bisect.bisect_right(times, t + 1e-6) - 1
+def _at(times: list[float], values: list[Values], t: float) -> Values:
+    i = bisect.bisect_right(times, t) - 1
     return values[i] if i >= 0 else {}
+
+
+def aligned(rank: RankRecord, names: Sequence[str], by: str) -> list[Interval]:
+    """The intervals between the samples of ``by`` (the first from the start), with each
+    metric's deltas over them."""
+    ends, _ = _timeline(rank, by)
+    lines = {name: _timeline(rank, name) for name in names}
+    out: list[Interval] = []
+    last: dict[str, Values] = {name: {} for name in names}
+    for end, cut in zip(ends, cuts(ends), strict=True):
+        deltas: dict[str, Values] = {}
+        for name, (times, values) in lines.items():
+            now = _at(times, values, cut)
+            deltas[name] = _minus(now, last[name])
+            last[name] = now
+        out.append(Interval(end, cut, deltas))
+    return out
+
+
+def deltas(rank: RankRecord, name: str) -> list[tuple[float, Values]]:
+    """(time, {attributes: delta}) of a cumulative metric over the intervals between the
+    rank's step histogram samples (between its own where the rank has no step histogram)."""
+    by = c.STEP_DURATION.name if _timeline(rank, c.STEP_DURATION.name)[0] else name
+    return [(i.end, i.deltas[name]) for i in aligned(rank, (name,), by)]
+
+
+def last_value(rank: RankRecord, name: str, t: float) -> Values:
+    """A gauge's values at or before ``t`` (an interval's cut)."""
+    return _at(*_timeline(rank, name), t)

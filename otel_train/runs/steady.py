@@ -4,7 +4,7 @@ the verdicts work on.
 When the record traced every step (``trace_steps="all"``) each steady step is one
 sample, from its step span and its phase spans. Otherwise each interval between two
 metric snapshots is one sample: the mean of its steps, from the deltas of the cumulative
-histograms and counters (figures.deltas).
+histograms and counters over the step histogram's intervals (intervals.py).
 
 Left out, and counted by reason: the first ``warmup`` steps (compilation, autotuning,
 caches), the step whose FLOPs were counted (``otel_train.step.flops.counted``: it runs
@@ -140,7 +140,8 @@ def _from_intervals(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: 
     samples: list[Sample] = []
     left_out: dict[str, int] = {}
     done = 0
-    for t, deltas in aligned(rank, _CUMULATIVE, c.STEP_DURATION.name):
+    for interval in aligned(rank, _CUMULATIVE, c.STEP_DURATION.name):
+        deltas = interval.deltas
         h = next(iter(deltas[c.STEP_DURATION.name].values()), None)
         if not isinstance(h, Histogram) or h.count <= 0:
             continue
@@ -151,7 +152,7 @@ def _from_intervals(rank: RankRecord, steps: dict[int, dict[str, Any]], warmup: 
         if why is not None:
             left_out[why] = left_out.get(why, 0) + n
             continue
-        mfu = sum(last_value(rank, c.MFU.name, t).values()) or None
+        mfu = sum(last_value(rank, c.MFU.name, interval.cut).values()) or None
         samples.append(_interval(n, h.total, deltas, mfu))
     return Steady(rank.rank, "interval", samples, left_out)
 
