@@ -23,6 +23,7 @@ from .export.logs import application_logger_provider
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
+from .export.run_facts import record_run_facts
 from .export.setup import Telemetry, build_telemetry, builds_own, relayed_providers
 from .processing.efficiency import EfficiencyTracker
 from .processing.hang_details import LocalHangs, hang_label
@@ -205,6 +206,12 @@ class Session:
         if self.record is not None and prints_console(self.settings, rank()):
             out = sys.stdout if self.settings.console == "stdout" else sys.stderr
             print(f"otel-train: run record in {self.record.directory}", file=out, flush=True)
+
+    def write_run_facts(self) -> None:
+        """At shutdown: the run facts beside the record (export/run_facts.py)."""
+        if self.record is not None:
+            compiled = self.efficiency.runs_compiled
+            record_run_facts(self.record, self.settings, __version__, compiled)
 
     def _allow_carriers(self) -> None:
         """Carriers name step spans whose ids the tracer takes (export/ids.py): the

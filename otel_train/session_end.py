@@ -60,6 +60,7 @@ def shutdown(session: Any, timeout_s: float | None = None) -> bool:
     if session.feeder is not None:  # the sidecar drains, prints the summary and flushes
         in_time = session.feeder.close(deadline, time.monotonic() + budget / 2)
         rec.enabled = False
+        session.write_run_facts()  # (beside the record, now complete)
         return bool(in_time)
     assert session.worker is not None and session.telemetry is not None
     # Half the budget for resolving and emitting, the rest for the exporters.
@@ -71,4 +72,5 @@ def shutdown(session: Any, timeout_s: float | None = None) -> bool:
         except Exception:
             _log.exception("otel-train: printing the run summary failed")
     exported = session.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+    session.write_run_facts()  # (beside the record, now complete)
     return bool(exported) and not session.worker.drops()  # (False whenever it dropped)

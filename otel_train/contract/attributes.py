@@ -211,6 +211,25 @@ RESOURCE_ROLE = AttributeSpec(
     "Resource: the process's part in the job, from the role setting (trainer, generator, "
     "...). Absent when not set.",
 )
+RUN_TORCH_VERSION = AttributeSpec(
+    "otel_train.torch.version", "string", "", "torch's version in the training process."
+)
+RUN_TORCH_COMPILE = AttributeSpec(
+    "otel_train.torch.compile",
+    "boolean",
+    "",
+    "Whether a model ran under torch.compile: a compiled module given to instrument(), a "
+    "compiled forward an adapter saw, or a graph Dynamo compiled during the run.",
+)
+RUN_VERSION = AttributeSpec("otel_train.version", "string", "", "otel-train's version.")
+RUN_SETTINGS = AttributeSpec(
+    "otel_train.settings",
+    "string",
+    "",
+    "The settings that differ from their defaults, as name=value pairs joined by ', ' "
+    "(where the telemetry goes left out: endpoints, host, port, directories, names).",
+)
+RUN_FACTS = (RUN_TORCH_VERSION, RUN_TORCH_COMPILE, RUN_VERSION, RUN_SETTINGS)
 RESOURCE_ATTRIBUTES = (
     AttributeSpec(
         "service.name",

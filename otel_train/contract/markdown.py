@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attributes import RESOURCE_ATTRIBUTES
+from .attributes import RESOURCE_ATTRIBUTES, RUN_FACTS
 from .conventions import CONVENTIONS, PEER_NAMES, SEMCONV_VERSION
 from .derived import DERIVED
 from .events import EVENTS, LOG_EVENTS
@@ -74,6 +74,10 @@ def _spans_section() -> list[str]:
     out += ["| attribute | type | description |", "|---|---|---|"]
     for a in RESOURCE_ATTRIBUTES:
         out.append(f"| `{a.key}` | {a.type} | {a.description} |")
+    out += ["", "## Run facts", "", "Each rank's `rank<R>.run.json` in the run record, written "
+            "at shutdown (`otel-train compare` lists those that differ).", ""]  # fmt: skip
+    out += ["| key | type | description |", "|---|---|---|"]
+    out += [f"| `{a.key}` | {a.type} | {a.description} |" for a in RUN_FACTS]
     return out
 
 

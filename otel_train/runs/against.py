@@ -24,7 +24,8 @@ def against_data(a: Run, b: Run, names: tuple[str, str]) -> dict[str, Any]:
         "b": names[1],
         "rows": rows,
         "method": f"medians over {result['a']['steady']} and {result['b']['steady']} steady "
-        f"steps; B/A with a {m['level']:.0%} bootstrap interval ({m['rounds']} rounds, seed "
-        f"{m['seed']}); within noise under {100 * m['tolerance']:g}% or when the interval "
-        "holds 1 (docs/compare.md)",
+        f"steps; B/A with a {m['level']:.0%} block bootstrap interval ({m['rounds']} rounds, "
+        f"seed {m['seed']}); within noise unless the interval leaves out 1, the change is "
+        f"over {100 * m['tolerance']:g}%, every third of B is beyond every third of A and "
+        f"P(B > A) is {m['separation'].split(') ', 1)[1]} (docs/compare.md)",
     }

@@ -11,7 +11,7 @@ from typing import Any
 from .. import contract as c
 from . import figures as f
 from .facts import differences
-from .noise import LEVEL, ROUNDS, SEED, TOLERANCE, Ratio, ratio_of_medians, spread
+from .noise import LEVEL, ROUNDS, SEED, SEPARATED, TOLERANCE, Ratio, ratio_of_medians, spread
 from .record_data import Run
 from .steady import WARMUP_STEPS, Sample, Steady, steady
 from .summary import peak_memory
@@ -68,10 +68,14 @@ def row(metric: str, kind: str, a: list[float], b: list[float], seed: int,
     out.update(b_median=r.b if r else None, b_spread=spread(b), b_samples=len(b))
     if r is None:  # A's median is 0 (no collectives, no stall): no ratio
         out.update(a_median=sorted(a)[len(a) // 2], b_median=sorted(b)[len(b) // 2])
-        out.update(ratio=None, low=None, high=None, verdict="no ratio", change="A is 0")
+        out.update(ratio=None, low=None, high=None, a_thirds=None, b_thirds=None)
+        out.update(thirds_apart=None, separation=None)
+        out.update(verdict="no ratio", change="A is 0")
         return out
     verdict, words = change(kind, r, tolerance)
-    out.update(ratio=r.ratio, low=r.low, high=r.high, verdict=verdict, change=words)
+    out.update(ratio=r.ratio, low=r.low, high=r.high, a_thirds=r.a_thirds, b_thirds=r.b_thirds)
+    out.update(thirds_apart=r.thirds_apart(), separation=r.separation)
+    out.update(verdict=verdict, change=words)
     return out
 
 
@@ -138,7 +142,11 @@ def compare(a: Run, b: Run, names: tuple[str, str], warmup: int = WARMUP_STEPS,
         "b": _side(names[1], sb),
         "method": {
             "statistic": "ratio of medians, B / A",
-            "interval": "percentile bootstrap",
+            "interval": "percentile block bootstrap",
+            "thirds": "every third of B (its samples in thirds by time) beyond every "
+            "third of A, one way",
+            "separation": f"P(a sample of B > one of A) at least {SEPARATED} or at most "
+            f"{1 - SEPARATED:.2f}",
             "level": LEVEL,
             "rounds": ROUNDS,
             "seed": seed,
@@ -159,7 +167,8 @@ def find_row(result: dict[str, Any], metric: str) -> dict[str, Any] | None:
 
 def gate(result: dict[str, Any], metric: str, pct: float) -> str | None:
     """Why B fails ``--fail-if-slower pct`` on ``metric``: a slowdown beyond ``pct`` and
-    beyond noise (its whole interval slower); None when it passes."""
+    beyond noise (its whole interval slower, the thirds apart, the steps separated:
+    noise.py); None when it passes."""
     r = find_row(result, metric)
     if r is None:
         raise ValueError(f"--metric {metric}: not in both runs; "
@@ -172,7 +181,8 @@ def gate(result: dict[str, Any], metric: str, pct: float) -> str | None:
     else:
         slow, best_case = r["ratio"] - 1.0, r["low"] - 1.0
         worst_case = r["high"] - 1.0
-    if slow * 100 > pct and best_case > 0:
+    apart = not 1.0 - SEPARATED < r["separation"] < SEPARATED and r["thirds_apart"]
+    if slow * 100 > pct and best_case > 0 and apart:
         interval = f"95% interval {100 * best_case:.1f}-{100 * worst_case:.1f}%"
         return f"{metric} {100 * slow:.1f}% slower ({interval}), beyond {pct:g}% and noise"
     return None

@@ -26,13 +26,15 @@ def _side_line(label: str, side: dict[str, Any]) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'figure':<24}{'A median':>12}{'A IQR':>11}{'B median':>12}{'B IQR':>11}"
-             f"{'B/A':>7}  change"]  # fmt: skip
+             f"{'B/A':>7}{'thirds':>8}{'P(B>A)':>8}  change"]  # fmt: skip
     for r in rows:
         k, m = r["kind"], r["metric"]
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        held = {True: "apart", False: "overlap", None: "-"}[r["thirds_apart"]]
+        apart = f"{r['separation']:.2f}" if r["separation"] is not None else "-"
         lines.append(f"{m:<24}{_value(k, m, r['a_median']):>12}{_value(k, m, r['a_spread']):>11}"
                      f"{_value(k, m, r['b_median']):>12}{_value(k, m, r['b_spread']):>11}"
-                     f"{ratio:>7}  {r['change']}")  # fmt: skip
+                     f"{ratio:>7}{held:>8}{apart:>8}  {r['change']}")  # fmt: skip
     return lines
 
 
@@ -49,9 +51,12 @@ def text(result: dict[str, Any]) -> str:
     m = result["method"]
     lines = [_side_line("A", result["a"]), _side_line("B", result["b"]),
              f"medians over steady {result['a']['unit']}s (the first {m['warmup_steps']} "
-             f"steps are warm-up); B/A with a {m['level']:.0%} percentile bootstrap interval "
-             f"({m['rounds']} rounds, seed {m['seed']}); a change counts beyond noise when "
-             f"its interval leaves out 1 and it is over {100 * m['tolerance']:g}%", ""]  # fmt: skip
+             f"steps are warm-up); B/A with a {m['level']:.0%} percentile block bootstrap "
+             f"interval ({m['rounds']} rounds, seed {m['seed']}); a change counts beyond noise "
+             f"when its interval leaves out 1, it is over {100 * m['tolerance']:g}%, it holds "
+             "over the whole of both runs (every third of B beyond every third of A), and "
+             f"the steps are apart: P(B > A) {m['separation'].split(') ', 1)[1]}",
+             ""]  # fmt: skip
     lines += [headline(result), "", *_table(result["rows"])]
     for r in result["ranks"]:
         lines += [f"rank {r['rank']}:", *_table(r["rows"])[1:]]
@@ -76,6 +81,5 @@ def text(result: dict[str, Any]) -> str:
         lines.append("set-up that differs (could explain a change):")
         lines += [f"  {s['name']}: {s['a']} -> {s['b']}" for s in result["settings"]]
     else:
-        lines.append("set-up: no difference the records show (they hold no torch version, "
-                     "torch.compile flag or otel-train settings)")  # fmt: skip
+        lines.append("set-up: no difference the records show")
     return "\n".join(lines)

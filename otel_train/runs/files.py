@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..export.record import PART_NAME
+from ..export.run_facts import FACTS_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,23 @@ def record_parts(run_dir: str | Path) -> list[RecordPart]:
             f"{root}: no run record files (rank<R>.traces.jsonl / rank<R>.metrics.jsonl)"
         )
     return found
+
+
+MAX_FACTS_BYTES = 64 * 1024
+
+
+def read_facts(part: RecordPart) -> dict[str, Any]:
+    """The run facts beside a record file (export/run_facts.py); {} when there are none,
+    or they are no JSON object of at most MAX_FACTS_BYTES."""
+    path = part.path.parent / (part.prefix + FACTS_SUFFIX)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_FACTS_BYTES + 1)
+        facts = json.loads(data) if len(data) <= MAX_FACTS_BYTES else None
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
 
 
 REQUEST_KEY = {"traces": "resourceSpans", "metrics": "resourceMetrics"}

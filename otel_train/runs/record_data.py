@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import contract as c
 from ..export.record import directory_name
-from .files import RecordPart, Skipped, record_parts, requests
+from .files import RecordPart, Skipped, read_facts, record_parts, requests
 from .histogram import Histogram
 from .trace_sample import TraceChoice, choose
 
@@ -34,6 +34,7 @@ class RankRecord:
     snapshots: list[Snapshot] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     sample: TraceChoice = field(default_factory=TraceChoice)  # which traces were kept
+    facts: dict[str, Any] = field(default_factory=dict)  # its run facts (contract.RUN_FACTS)
 
     @property
     def rank(self) -> int:
@@ -126,7 +127,8 @@ def load(run_dir: str | Path, skipped: Skipped | None = None, max_traces: int | 
     out = []
     for prefix, parts in by_prefix.items():
         traces = [p for p in parts if p.kind == "traces"]
-        rec = RankRecord(prefix, sample=choose(traces, max_traces, share))
+        rec = RankRecord(prefix, sample=choose(traces, max_traces, share),
+                         facts=read_facts(parts[0]))  # fmt: skip
         for part in parts:
             for line in requests(part, skipped):
                 try:

@@ -52,7 +52,8 @@ def test_a_run_writes_otlp_json_lines_and_says_where(tmp_path: Path) -> None:
     job = _run(tmp_path, OTEL_SERVICE_NAME="rec-test", OTEL_TRAIN_RUN_ID="job 42")
     assert job.returncode == 0, job.stderr[-2000:]
     run = tmp_path / "runs" / "rec-test-job_42"
-    assert sorted(p.name for p in run.iterdir()) == ["rank0.metrics.jsonl", "rank0.traces.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "rank0.metrics.jsonl", "rank0.run.json", "rank0.traces.jsonl"]  # fmt: skip
     spans = [
         s
         for req in _lines(run / "rank0.traces.jsonl")

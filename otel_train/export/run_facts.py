@@ -1,0 +1,82 @@
+"""Each rank's run facts: what a run record's telemetry does not say about the run's
+set-up, for ``otel-train compare`` to tell two runs apart (contract.RUN_FACTS): torch's
+version, whether a model ran under torch.compile, otel-train's version and the settings
+that differ from their defaults.
+
+The training process writes them at shutdown, once it knows whether anything was
+compiled, as ``<prefix>.run.json`` beside the rank's record files (only when the record's
+directory is there and its own): written to a new file, mode 0600, renamed over the
+name, so a link planted there is replaced, never written through."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .. import contract as c
+from ..settings import Settings
+from .record import RecordPlan
+from .run_directory import not_own_directory
+
+_log = logging.getLogger("otel_train")
+
+FACTS_SUFFIX = ".run.json"
+# Where the telemetry goes and what it is called, not how the run is measured.
+NOT_COMPARED = frozenset({
+    "service_name", "default_service_name", "role", "otlp_endpoint", "prometheus_host",
+    "prometheus_port", "run_dir", "debug_dir",
+})  # fmt: skip
+
+
+def changed_settings(settings: Settings) -> str:
+    """The settings that differ from their defaults, ``name=value`` joined by ', '."""
+    defaults = Settings()
+    pairs = [
+        f"{f.name}={getattr(settings, f.name)!r}"
+        for f in dataclasses.fields(Settings)
+        if f.name not in NOT_COMPARED and getattr(settings, f.name) != getattr(defaults, f.name)
+    ]
+    return ", ".join(pairs)
+
+
+def run_facts(settings: Settings, version: str, compiled: bool) -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    return {
+        c.RUN_TORCH_VERSION.key: str(getattr(torch, "__version__", "")) or None,
+        c.RUN_TORCH_COMPILE.key: compiled,
+        c.RUN_VERSION.key: version,
+        c.RUN_SETTINGS.key: changed_settings(settings),
+    }
+
+
+def write_run_facts(plan: RecordPlan, facts: dict[str, Any]) -> bool:
+    """Write ``facts`` beside the record; False when its directory is not there (nothing
+    was recorded) or not its own. OSError when the write fails."""
+    if not os.path.isdir(plan.directory) or not_own_directory(plan.directory):
+        return False
+    path = os.path.join(plan.directory, plan.prefix + FACTS_SUFFIX)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(facts, f, sort_keys=True)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return True
+
+
+def record_run_facts(plan: RecordPlan, settings: Settings, version: str,
+                     compiled: Callable[[], bool]) -> None:  # fmt: skip
+    """The run facts beside the record, at shutdown; a failure is logged, never raised."""
+    try:
+        write_run_facts(plan, run_facts(settings, version, compiled()))
+    except Exception as err:
+        _log.warning("otel-train: the run facts were not written beside the record (%s)", err)
