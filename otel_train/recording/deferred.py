@@ -6,14 +6,16 @@ log and returns; the state machine (phases.py) replays
 the log under the lock on whichever thread settles it first, normally the worker. Any
 caller that needs the state settles before it reads it, so the state every caller sees
 is the same as if nothing had been deferred. Runs of steps whose boundaries repeat a known
-shape are not replayed one by one: :meth:`DeferredLog.drain_blocks` hands them to the
-worker as runs (templates.py), using the shapes learned in shapes.py.
+shape are not replayed one by one: drain.py's layer hands them to the worker as runs.
+The log may also go on unapplied (a raw hand-over: sidecar/raw.py) and the state be
+taken back here later: the methods of "the log handed on" below.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +25,6 @@ from .layouts import (
     ENTER,
     ENTER_REMOTE,
     EXIT,
-    L_KIND,
-    L_SCALARS,
-    L_STACK,
     LINK,
     P_T1,
     S_STEP,
@@ -38,10 +37,8 @@ from .layouts import (
     step_ends,
 )
 from .phases import PhaseMachine
-from .scopes import BACKGROUND, CYCLE, EXPLICIT, INT64_MAX, MAX_LOG, NEAR_WINDOW, SETTLE_SLICE
-from .shapes import StepShapes
+from .scopes import BACKGROUND, EXPLICIT, INT64_MAX, MAX_LOG, NEAR_WINDOW, SETTLE_SLICE
 from .stamps import StampedLog
-from .templates import KIND, STACK, Run, Template
 
 if TYPE_CHECKING:
     from .debug_hooks import DebugHooks
@@ -75,13 +72,6 @@ class DeferredLog(PhaseMachine):
         self._log_limit = MAX_LOG
         self._on_full: Any = self.settle
         self._decide_deferral()
-        self._shapes = StepShapes(settings)
-        self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
-        # Where drain_blocks() last left this machine idle, when marks_idle is set (the
-        # sidecar's replica: the training process lets go of what it sent up to there):
-        # (entries taken since, next step index, step stack), or None if it never was.
-        self.marks_idle = False
-        self.idle_mark: tuple[int, int, Any] | None = None
         # The shared-memory ring the hooks write to instead of the log, while a raw
         # hand-over has one open (ring.py, sidecar/raw.py); None otherwise.
         self._ring: Ring | None = None
@@ -179,11 +169,6 @@ class DeferredLog(PhaseMachine):
         self._taker()
 
     # -- the state, as callers see it --------------------------------------------------
-
-    @property
-    def _templates(self) -> dict[Any, Any]:
-        """The step shapes learned so far (for tests: StepShapes.templates)."""
-        return self._shapes.templates
 
     @property
     def current_step(self) -> Step | None:
@@ -394,76 +379,7 @@ class DeferredLog(PhaseMachine):
     def discard_log(self) -> int:
         """Drop the log unapplied (out of time at the end); the steps it ends."""
         with self._lock:
-            return step_ends(list(islice(iter(self._log.popleft, None), len(self._log))))
-
-    def drain_blocks(self, keep_partial: bool = False) -> list[tuple[list[Step], Run]]:
-        """Apply the log, taking runs of recognised steps whole (recording/templates.py).
-
-        Returns ``(steps finished before the run, run)`` pairs in order; steps
-        finished after the last block stay in ``pending``. Normally the worker's call.
-        ``keep_partial``: a log that ends inside a step of a known shape keeps that
-        step's entries for the next call (the sidecar's feeder drains every few steps:
-        replaying the partial step, or learning from it, would cost more than the rest).
-        """
-        out: list[tuple[list[Step], Run]] = []
-        if not self._log or not self._defer or not self.blocks or self.stamping:
-            return out  # (stamped steps are replayed one by one: _settle)
-        with self._lock:
-            self._catch_up()
-            log = self._log
-            # Entries the training thread appends meanwhile wait for the next call. (Those
-            # taken here are applied before the lock is released: current_step waits.)
-            entries = list(islice(iter(log.popleft, None), len(log)))
-            self.note_progress(newest_time(entries))
-            try:
-                self._drain_entries(entries, keep_partial, out)
-            except Exception:
-                log.clear()
-                self._fail()
-            if self._debug is not None:
-                self._decide_deferral()
-        return out
-
-    def _drain_entries(
-        self, entries: list[tuple[Any, ...]], keep_partial: bool, out: list[tuple[list[Step], Run]]
-    ) -> None:
-        """drain_blocks' part with the lock held: ``entries`` applied, runs taken whole."""
-        n = len(entries)
-        kinds: list[Any] = []
-        stacks: list[Any] = []
-        shapes = self._shapes
-        marks, self.idle_mark = self.marks_idle, None
-        i = 0
-        while i < n:
-            if marks and self._is_idle():
-                self.idle_mark = (i, self._next_index, self.step_stack)
-            item = entries[i]
-            if item[L_KIND].__class__ is tuple:  # an adapter boundary: a step may begin
-                stack = item[L_STACK]
-                if (
-                    self._current is None
-                    and not stack
-                    and self.enabled
-                    and not self._orphans  # (they join the next step replayed)
-                ):
-                    if not kinds:
-                        kinds = list(map(KIND, entries))
-                        stacks = list(map(STACK, entries))
-                    if keep_partial and shapes.partial_at(kinds, stacks, i):
-                        self._log.extendleft(reversed(entries[i:]))
-                        n = i  # (the rest waits in the log)
-                        break
-                    k, tpl = shapes.block_at(entries, kinds, stacks, i)
-                    if k:
-                        assert tpl is not None
-                        i += self._take_block(entries, i, k, tpl, stack, out)
-                        continue
-            self._replay(item)
-            i += 1
-        if marks and self._is_idle():
-            self.idle_mark = (n, self._next_index, self.step_stack)
-        if self.idle_mark is not None:  # (as entries applied after that point)
-            self.idle_mark = (n - self.idle_mark[0], *self.idle_mark[1:])
+            return step_ends(self.take_log())
 
     def _is_idle(self) -> bool:
         """No step, phase or background tree open, none waiting to join a step."""
@@ -475,25 +391,92 @@ class DeferredLog(PhaseMachine):
             or self.step_stack
         )
 
-    def _take_block(
-        self,
-        entries: list[tuple[Any, ...]],
-        i: int,
-        k: int,
-        tpl: Template,
-        stack: list[Any],
-        out: list[tuple[list[Step], Run]],
-    ) -> int:
-        """Take ``k`` steps of shape ``tpl`` from entry ``i`` as one run, as if they had
-        been replayed: the step indices and the step stack move on. Returns the entries
-        taken."""
-        run = entries[i : i + k * tpl.m]
-        out.append((list(self._pending), Run(tpl, run, self._next_index)))
-        for p in tpl.loose:  # scalars recorded between steps
-            for e in run[p :: tpl.m]:
-                self.loose_scalars.extend(e[L_SCALARS])
-        self._pending.clear()
-        self._next_index += k
-        if tpl.mode != CYCLE:
-            self.step_stack = stack
-        return k * tpl.m
+    # -- the log handed on, and the state taken back (sidecar/raw.py, replica.py) --------
+
+    @property
+    def next_index(self) -> int:
+        """The index the next step begins with, as far as the log is applied (settle()
+        first to count every boundary logged so far)."""
+        return self._next_index
+
+    def idle_for_handover(self, room: int, max_logged: int) -> bool:
+        """Whether the log may go on unapplied from here (the lock is held): recording
+        on, hooks logging without stamps, no debugging window within ``room`` steps, at
+        most ``max_logged`` entries logged, and nothing open or waiting here (no step,
+        phase or background tree, no finished step)."""
+        return (
+            self._defer
+            and not self.stamping  # (events cross no process: steps go resolved)
+            and self.window_room > room
+            and len(self._log) <= max_logged
+            and not self._pending
+            and self._is_idle()
+            and self.enabled
+        )
+
+    def log_length(self) -> int:
+        """Entries logged and not applied yet (read without the lock: a figure)."""
+        return len(self._log)
+
+    def take_log(self) -> list[tuple[Any, ...]]:
+        """The logged entries, oldest first, taken off the log unapplied (entries logged
+        meanwhile stay there)."""
+        log = self._log
+        return list(islice(iter(log.popleft, None), len(log)))
+
+    def log_into(self, ring: Ring) -> bool:
+        """Move the logged entries, oldest first, into ``ring``'s slots for the sidecar
+        to apply; False if the ring refused one (it and those after it stay logged)."""
+        log = self._log
+        while log:
+            if not ring.put_entry(log[0]):
+                return False
+            log.popleft()
+        return True
+
+    def log_entries(self, entries: list[tuple[Any, ...]]) -> None:
+        """Log entries decoded elsewhere (a replica's: the training process's ring), to
+        be applied as the hooks' own are."""
+        self._log.extend(entries)
+
+    def apply_entries(self, entries: Iterable[tuple[Any, ...]]) -> None:
+        """Apply ``entries`` here now, in order, as if logged and settled (the lock is
+        held: a raw hand-over's catch-up)."""
+        replay = self._replay
+        for entry in entries:
+            replay(entry)
+
+    def idle_at(self, next_index: int, stack: Any) -> None:
+        """Go on from where the one that applied the log elsewhere was idle: no step
+        open, ``next_index`` the next step's index, ``stack`` the step stack (the lock
+        is held)."""
+        self._next_index, self.step_stack = next_index, stack
+        self._current = None
+
+    def drop_open(self) -> None:
+        """Forget the open step, the open scoped steps and the background trees, none
+        of them finished: a replica's, when the training process takes its state back
+        and goes on with them (sidecar/replica.py)."""
+        self._current = None
+        self._scoped.clear()
+        self.reset_background()
+
+    @property
+    def stack_getter(self) -> Callable[[], list[list[Any]]]:
+        """What returns the calling thread's phase stack (made on its first call): for a
+        writer of this recorder's boundaries outside it (ring.py) to call per boundary,
+        no frame of ours in between."""
+        return self._tls_stack
+
+    @property
+    def device_timed(self) -> bool:
+        """Whether boundaries take CUDA events and memory figures (the device is bound
+        and timed: machine._refresh_cuda)."""
+        return self._cuda
+
+    @property
+    def steps_hold_events(self) -> bool:
+        """Whether a finished step may hold CUDA events to wait for before it is read
+        (the device timed, or a CUDA tensor recorded as a scalar); if not, its host
+        times are all there is."""
+        return self._cuda or self._scalar_events

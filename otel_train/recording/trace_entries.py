@@ -2,25 +2,35 @@
 step's carrier, a step that joins another process's trace, a remote phase's tree and the
 tokens of what it produced and what a step consumed.
 
-A layer of the recorder between the deferred log and the entry methods the hooks call
-(recorder.py): the same guard in each method (off: nothing; an error inside: recording
-off, never raised).
+A layer of the recorder between the deferred log (deferred.py, drain.py) and the entry
+methods the hooks call (recorder.py): the same guard in each method (off: nothing; an
+error inside: recording off, never raised). Also what a hang record reads of the open
+step (:meth:`TraceEntries.hang_view`).
 """
 
 from __future__ import annotations
 
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..identity import run_id
-from .deferred import DeferredLog
-from .layouts import ENTER_REMOTE, LINK
-from .links import Parent, carrier_dict, parse_carrier, warn_bad_parent
+from .drain import BlockDrain
+from .layouts import ENTER_REMOTE, LINK, S_NAME
+from .links import Parent, StepLink, carrier_dict, parse_carrier, warn_bad_parent
 from .tokens import MAX_CONSUMED, parse_token, produced_token, warn_bad_token
 from .values import clean_count
 
 
-class TraceEntries(DeferredLog):
+class HangView(NamedTuple):
+    """What a hang record names of the training thread's state (processing/hangs.py)."""
+
+    step_index: int | None  # the open step's index; None: no step open
+    link: StepLink | None  # the open step's link, traced whatever the sampler says
+    phases: list[str]  # the names on the step stack, outermost first
+    thread: int | None  # the ident of the thread the step stack is of, if any is open
+
+
+class TraceEntries(BlockDrain):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._warned_parent = False  # a bad carrier is warned about once
@@ -115,6 +125,25 @@ class TraceEntries(DeferredLog):
                 warn_bad_token(why)
         except Exception:
             self._fail()
+
+    def hang_view(self, timeout: float) -> HangView | None:
+        """The open step and the step stack for a hang record, the log applied first
+        (the open step is then traced, its span's ids chosen now); None if the lock was
+        not free within ``timeout`` seconds (the hang watch waits on no stuck thread)."""
+        if not self._lock.acquire(timeout=timeout):
+            return None
+        try:
+            self._settle()
+            step, stack = self._current, self.step_stack
+            link = self._hang_link(perf_counter_ns()) if step is not None else None
+            return HangView(
+                step.index if step is not None else None,
+                link,
+                [e[S_NAME] for e in stack] if stack else [],
+                getattr(stack, "thread", None) if stack else None,
+            )
+        finally:
+            self._lock.release()
 
     def _parent_of(self, carrier: Any, where: str) -> Parent | None:
         """What ``carrier`` names, or None with one warning per session (links.py)."""
