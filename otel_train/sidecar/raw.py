@@ -84,22 +84,10 @@ class RawHandover:
             self._wait -= 1  # (state asked for often: raw sessions would end at once)
             return
         rec = self.rec
-        stack = rec.step_stack
-        if (
-            self.raw
-            or not rec._defer
-            or rec.stamping  # (events cross no process: steps go resolved)
-            or rec.window_room <= RAW_ROOM  # (a debugging window near: the log's bound)
-            or len(rec._log) > ANNOUNCE_SLOTS
-            or rec._current is not None
-            or rec._pending
-            or rec._scoped
-            or rec.background_open
-            or rec._orphans
-            or stack
-            or not rec.enabled
-        ):
+        # (RAW_ROOM: a debugging window near is the log's bound)
+        if self.raw or not rec.idle_for_handover(RAW_ROOM, ANNOUNCE_SLOTS):
             return
+        stack = rec.step_stack
         self.raw = True
         self.session += 1
         ring, writer = self.ring, self.ring.writer
@@ -108,13 +96,11 @@ class RawHandover:
         self.ends_at = writer.pos + room - NEAR_WINDOW if room < INT64_MAX else INT64_MAX
         writer.due = min(self.ends_at, (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS)
         writer.open = 1
-        log = rec._log  # (a partial step's entries, kept for the next pump: slots first)
-        while log:
-            ring.put_entry(log.popleft())
+        rec.log_into(ring)  # (a partial step's entries, kept for the next pump: slots first)
         rec.route_to(ring)  # the hooks call the writer directly
-        self._idle = (rec._next_index, stack)
+        self._idle = (rec.next_index, stack)
         token = ring.tables.token_of(stack) if stack is not None else None
-        self._send((wire.RAW_BEGIN, self.session, rec._next_index, token, self._acked,
+        self._send((wire.RAW_BEGIN, self.session, rec.next_index, token, self._acked,
                     self._news(), self.shared))  # fmt: skip
 
     def _news(self) -> tuple[list[Any], list[Any], list[Any]]:
@@ -130,7 +116,11 @@ class RawHandover:
         the side entries and codes, and in message mode how far the ring is written (a
         shared ring's header says that itself: ``shared``); None when nothing is new."""
         rec = self.rec
-        if rec._log and not self._log_into_ring():
+        # Entries another thread logged the old way as the session opened (its call read
+        # "no ring" just before): into the ring, after what was written since, for the
+        # sidecar to apply. If the ring refused one, the session ends, and leave_raw()
+        # applies what is left of the log here first.
+        if not rec.log_into(self.ring):
             self.leave_raw()
             return None
         writer = self.ring.writer
@@ -143,24 +133,12 @@ class RawHandover:
             writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS)
         return self._announce()
 
-    def _log_into_ring(self) -> bool:
-        """Entries another thread logged the old way as the session opened (its call read
-        "no ring" just before): into the ring, after what was written since, for the
-        sidecar to apply. False if the ring refused one: the session ends, and
-        leave_raw() applies what is left of the log here first."""
-        log, ring = self.rec._log, self.ring
-        while log:
-            if not ring.put_entry(log[0]):
-                return False
-            log.popleft()
-        return True
-
     def has_news(self) -> bool:
         """Whether side entries or codes wait to be told, or old-way entries to be put in
         the ring (a shared ring's pumps)."""
         t, (b, n, s), sides = self.ring.tables, self._sent, self.ring.sides
         return (
-            bool(self.rec._log)
+            self.rec.log_length() > 0
             or len(t.boundaries) > b
             or len(t.names) > n
             or len(t.stacks) > s
@@ -226,8 +204,7 @@ class RawHandover:
         # Entries logged the old way by calls in flight when the session began: older
         # than the slots. (Taken before the ring closes: what is logged after that is
         # newer, and the caller applies it after these.)
-        log = rec._log
-        early = [log.popleft() for _ in range(len(log))]
+        early = rec.take_log()
         self.detach()
         # Everything written is told first: the sidecar applies all of it (a shared
         # ring's header may have shown it any of it already), and so does this process.
@@ -236,20 +213,17 @@ class RawHandover:
             self._send((wire.RING, *final))
         if self.shared:
             self._acked_from_header()
-        rec._next_index, rec.step_stack = self._idle
-        rec._current = None
+        rec.idle_at(*self._idle)
         loose = len(rec.loose_scalars)
         # The sidecar's replica counts what these entries drop: do not count it twice.
         dropped = rec.dropped_steps, rec.dropped_phases
-        replay, gone = rec._replay, self._gone()
-        for entry in early:
-            replay(entry)
+        gone = self._gone()
+        rec.apply_entries(early)
         tables, start = ring.tables, self._acked
         while start < writer.pos:  # (in pieces: a ring's worth is thousands of steps)
             end = min(writer.pos, start + CATCH_UP_SLOTS)
-            for entry in decode(ring.view, ring.capacity, start, end, tables,
-                                tables.stack_objects.get, ring.sides)[0]:  # fmt: skip
-                replay(entry)
+            rec.apply_entries(decode(ring.view, ring.capacity, start, end, tables,
+                                     tables.stack_objects.get, ring.sides)[0])  # fmt: skip
             self.caught_up += end - start
             start = end
             rec.release_finished(gone)  # the sidecar's replica has them

@@ -140,7 +140,7 @@ class RemoteSource:
             entries, self._read = decode(self._view, self._capacity, self._read, end,
                                          self.tables, self.tables.stack_objects.get,
                                          self._sides)  # fmt: skip
-            self.replica._log.extend(entries)
+            self.replica.log_entries(entries)
             self._appended += len(entries)
             if self._read < end:
                 break  # (a side entry or a code not here yet: the next message has it)
@@ -169,9 +169,8 @@ class RemoteSource:
         with self._lock:
             self.shared = shared and self._view is not None
             self.tables.learn(news)
-            rep = self.replica
-            rep._next_index = next_index
-            rep.step_stack = self.tables.stack_objects.get(token) if token is not None else None
+            stack = self.tables.stack_objects.get(token) if token is not None else None
+            self.replica.idle_at(next_index, stack)  # (where the training process was)
             self.session, self._appended, self._reported = session, 0, 0
             self._start = self._read = self._written = position
             self._sides.clear()
@@ -184,10 +183,7 @@ class RemoteSource:
                 return
             self._advance()  # (to where the training process said it caught up from)
             self._hold(self._replica_take(keep_partial=False), bounded=False)
-            rep = self.replica
-            rep._current = None
-            rep._scoped.clear()
-            rep.reset_background()
+            self.replica.drop_open()
             for stack in replica_stacks().values():
                 stack.clear()
             self.session = None
@@ -197,7 +193,7 @@ class RemoteSource:
         with self._lock:
             if self.session is not None:
                 self._advance()
-                if self.replica._log:
+                if self.replica.log_length():
                     self._apply(bounded=False)
             deliveries, self._deliveries = self._deliveries, collections.deque()
             self._held = 0
@@ -226,7 +222,7 @@ class RemoteSource:
             return  # (no idle point in what was applied: the last one reported stands)
         behind, next_index, stack = mark
         rep.idle_mark = None
-        position = self._start + self._appended - len(rep._log) - behind
+        position = self._start + self._appended - rep.log_length() - behind
         if position <= self._reported:
             return
         self._reported = position
