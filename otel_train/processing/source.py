@@ -131,7 +131,7 @@ class StepSource:
             except IndexError:
                 break
             rec.note_progress(step.t1)  # (progress_ns: the queue no longer shows it)
-            if not rec._cuda and not rec._scalar_events:
+            if not rec.steps_hold_events:
                 out.append(self._resolve(step))  # host times only: nothing to query
                 continue
             with capture.polling() as ok:

@@ -206,7 +206,7 @@ class Ring:
         self.view = mmap.mmap(self.fd, size, flags=flags)
         self.tables = Tables()
         self.sides: dict[int, tuple[Any, ...]] = {}  # position -> side entry
-        self._rec = recorder
+        self._thread_stack = recorder.stack_getter
         kind = NATIVE if native and NATIVE is not None else Writer
         self.writer = kind(
             self.view, capacity, recorder.__dict__, self._stack_of, self.tables.code_of,
@@ -224,7 +224,7 @@ class Ring:
         return not isinstance(self.writer, Writer)
 
     def _stack_of(self) -> int:
-        return self.tables.token_of(self._rec._tls_stack())
+        return self.tables.token_of(self._thread_stack())
 
     def put_entry(self, item: tuple[Any, ...]) -> bool:
         """A log entry as a slot (a side entry if no slot holds it); False if refused."""

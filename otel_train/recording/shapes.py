@@ -84,7 +84,7 @@ class StepShapes:
         ):
             end += 1  # the run of this thread's boundaries and scalars: a step must fit in it
         if end - i >= 2:
-            learned = self._replay_one(entries, kinds, i, end)
+            learned = ScratchMachine(self.settings).first_step(entries, kinds, i, end)
             if learned is False:
                 return None  # more may follow: try again next time
             if learned is not None:
@@ -94,13 +94,20 @@ class StepShapes:
         self.misses += 1
         return None
 
-    def _replay_one(
+
+class ScratchMachine(PhaseMachine):
+    """A state machine of its own for one run of a log's kinds, positions for times:
+    what step it makes, if it makes exactly one."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, replay_only=True)
+
+    def first_step(
         self, entries: list[tuple[Any, ...]], kinds: list[Any], i: int, end: int
     ) -> Template | Literal[False] | None:
         """Replay kinds ``i`` .. ``end`` until a step closes: its shape; False if more may
         follow (the log ends with the scalars after it); None if no single clean step
         came out."""
-        scratch = PhaseMachine(self.settings, replay_only=True)  # (positions for times)
         scratch_stack: list[Any] = []
         counts: list[int] = []
         scalars: list[int] = []
@@ -110,18 +117,18 @@ class StepShapes:
                 scalars.append(pos)
                 continue
             close, open_, begin, end_mode, counted = kind
-            scratch._transition_at(scratch_stack, pos, close, open_, begin, end_mode)
-            current = scratch._current
+            self._transition_at(scratch_stack, pos, close, open_, begin, end_mode)
+            current = self._current
             if counted and current is not None and current.mode == ADAPTER:
                 counts.append(pos)
-            if scratch._pending:
-                step = scratch._pending[0]
+            if self._pending:
+                step = self._pending[0]
                 if (
                     current is not None
                     or scratch_stack
-                    or len(scratch._pending) != 1
-                    or scratch.dropped_phases
-                    or not scratch.enabled
+                    or len(self._pending) != 1
+                    or self.dropped_phases
+                    or not self.enabled
                     or step.error
                     or (scalars and scalars[0] < step.t0)  # scalars before the step began
                 ):

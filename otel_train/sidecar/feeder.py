@@ -264,7 +264,7 @@ class Feeder:
 
     def _facts_if_new(self) -> Any:
         rec = self.source.recorder
-        cuda = rec.memory is not None or rec._cuda
+        cuda = rec.memory is not None or rec.device_timed
         hint = rec.precision_hint  # (an adapter may see autocast after the first step)
         if (
             self._facts is not None
