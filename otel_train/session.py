@@ -289,7 +289,7 @@ class Session:
                 pass
             rec = self.recorder
             rec.settle()  # (steps logged before it get their indices first)
-            index = rec._next_index
+            index = rec.next_index
             if self.feeder is not None:
                 self.feeder.trace_first_from(index)
             elif self.worker is not None:
