@@ -158,6 +158,12 @@ class EfficiencyTracker:
         """After an error computing the figures: none are shown or exported again."""
         self.failed = True
 
+    def take_facts(self, facts: tuple[int, str, str | None]) -> None:
+        """(The sidecar.) The training process's model facts (parameters, precision,
+        device name): the parameter count is read from them from now on."""
+        self.model_facts = facts
+        self._params = None
+
     def note_model(self, target: Any) -> None:
         """Remember a model instrument() saw (the 6 x parameters x tokens estimate needs it)."""
         import torch

@@ -161,8 +161,7 @@ class Agent:
         if kind == wire.DELIVERY:
             _, _, _, _, regions, counts, probe_state, facts = message
             if facts is not None:
-                self.efficiency.model_facts = facts
-                self.efficiency._params = None
+                self.efficiency.take_facts(facts)
             if self.probe is not None:
                 self.probe.results.extend(counts)
                 if probe_state is not None:

@@ -4,8 +4,7 @@ A private attribute of otel-train's own classes (``_name``: set as ``self._name`
 defined in a class body) read or written from another module ties that module to the
 other's insides; a method of ours replaced on an instance from outside its class makes
 the code that runs differ from the code one reads. The second is at zero and must stay
-there; the first is counted against a ceiling that only goes down (target 0: what is
-left is sidecar/agent.py resetting the efficiency figures' parameter count).
+there; so is the first, since 2026-12-07 (it was 48 when issue 37 counted it).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "otel_train"
 # Private-attribute uses outside their module at this stop; lower it as they go.
-PRIVATE_USES_CEILING = 1
+PRIVATE_USES_CEILING = 0
 
 
 def _trees() -> dict[Path, ast.Module]:
