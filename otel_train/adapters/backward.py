@@ -56,7 +56,7 @@ def _patched_backward(*args: Any, **kwargs: Any) -> Any:
     try:
         # Adapters of the live session share its recorder (those of a session shut down
         # hold a disabled one); outside a step the boundary is a no-op, unless a compiled
-        # forward opened no step (see torch_loop._TimedForward): then backward opens it.
+        # forward opened no step (see torch_loop._timed_forward): then backward opens it.
         # An adapter switched off (or standing aside: process_wide.py) takes no part.
         b = _BACKWARD
         for held in _ACTIVE:

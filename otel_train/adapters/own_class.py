@@ -1,6 +1,6 @@
 """A model's own subclass, so that its forward is timed with nothing stored on it.
 
-The plain-loop adapter's timed forward (torch_loop._TimedForward) must not live on the
+The plain-loop adapter's timed forward (torch_loop._timed_forward) must not live on the
 instance: an instance attribute, or a hook in the module's hook dicts, is pickled with a
 whole-model ``torch.save`` (which then fails to load with ``weights_only=True`` or where
 otel-train is not installed) and copied by ``copy.deepcopy``. So :func:`time_forward`
@@ -9,13 +9,15 @@ timed one, and which pickles and copies as the model's class (docs/rationale.md)
 
 Usage (what torch_loop.attach does)::
 
-    undo = time_forward(model, timed)   # timed: has __get__ (and module: the model)
+    undo = time_forward(model, timed)   # timed(module, *args, **kwargs)
     ...
     undo()                              # the model's class again
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import logging
 import types
@@ -52,10 +54,26 @@ def _timed_class(cls: type, timed: Any) -> type:
     return sub
 
 
+class _InstanceForward(functools.partial):  # type: ignore[type-arg]
+    """``timed`` bound to the model, as the instance's ``forward`` (called in C: no Python
+    frame of its own). A copied or pickled model gets the forward this one replaced, not
+    the timing: the copy (an EMA model, say) is not instrumented. A bound method is
+    copied onto the copy."""
+
+    __wrapped__: Any  # the forward it replaced (inspect.signature follows it)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (copy.copy, (self.__wrapped__,))  # (a function is its own copy)
+
+
 def time_forward(model: Any, timed: Any) -> Callable[[], None]:
-    """Make ``timed`` the model's forward; returns the undo. The model's class becomes its
-    own subclass (nothing is stored on the instance), unless the instance has a forward of
-    its own (a compiled module's, a user's wrapper): then that is wrapped in place."""
+    """Make ``timed`` (a function of the model and the call's arguments) the model's
+    forward; returns the undo. The model's class becomes its own subclass (nothing is
+    stored on the instance), unless the instance has a forward of its own (a compiled
+    module's, a user's wrapper): then that is wrapped in place."""
     prior = model.__dict__.get("forward")
     cls = type(model)
     if prior is None and isinstance(inspect.getattr_static(cls, "forward"), types.FunctionType):
@@ -71,10 +89,12 @@ def time_forward(model: Any, timed: Any) -> Callable[[], None]:
                     _SET_CLASS(model, cls)
 
             return restore_class
-    model.forward = timed
+    wrapper = _InstanceForward(timed, model)
+    wrapper.__wrapped__ = model.forward
+    model.forward = wrapper
 
     def restore_forward() -> None:
-        if model.__dict__.get("forward") is timed:  # (wrapped again since: stays, inert)
+        if model.__dict__.get("forward") is wrapper:  # (wrapped again since: stays, inert)
             if prior is None:
                 del model.__dict__["forward"]
             else:

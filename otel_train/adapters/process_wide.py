@@ -58,6 +58,7 @@ class ProcessWideAdapter(TorchLoopAdapter):
         super().__init__(inst, inst.session.recorder, None)
         self._arm = arm
         self.model_seen = False
+        self.after_backward = self.backward_ended  # (always: it arms the next forward)
 
     @property
     def active(self) -> bool:
@@ -75,8 +76,8 @@ class ProcessWideAdapter(TorchLoopAdapter):
         super().optimizer_post_hook(optimizer, args, kwargs)
         self._arm()  # the next step's forward
 
-    def after_backward(self) -> None:
-        super().after_backward()
+    def backward_ended(self) -> None:
+        self.step_due()
         self._arm()  # the next micro-batch's forward (gradient accumulation)
 
 

@@ -36,7 +36,6 @@ Telemetry emitted: the ``otel_train.step`` trace and every metric in the contrac
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from time import perf_counter_ns
@@ -209,7 +208,8 @@ class TorchLoopAdapter:
         self.data_boundary = _DATA  # a fetch's: _DATA_NEXT_STEP when nothing else ends steps
         self.compiled = False  # no hook of ours runs in the forward: compiled after
         # instrument() (hooks traced), or the forward replaced (see optimizer_post_hook)
-        self.timed_forward: Any = None  # our wrapper of the model's forward (attach)
+        self.model: Any = None  # the model, and its forward with ours in place (attach)
+        self.timed_forward: Any = None
         self.precision_checks = PRECISION_CHECKS
         self.ddp_group = ""  # a DDP model's process group (ddp.py), and when its last
         self.ddp_grad_ns = 0  # gradient of this backward was ready (0: not yet, or no DDP)
@@ -225,6 +225,9 @@ class TorchLoopAdapter:
         # What backward.py calls before backward's end: DDP's gradient wait, set by
         # watch_ddp for a DDP model (ddp.py); None: nothing (no call per backward)
         self.backward_ends: Callable[[], None] | None = None
+        # ... and after it: step_due where no optimizer may end steps (attach,
+        # process_wide.py); None: nothing (a call per backward costs ~500 instructions)
+        self.after_backward: Callable[[], None] | None = None
 
     def counts_of(self, batch: Any) -> Counts:
         """The batch's (samples, tokens, padded tokens) by the counter; Nones if it fails."""
@@ -280,7 +283,7 @@ class TorchLoopAdapter:
         except Exception:
             self._failed()
 
-    def after_backward(self) -> None:
+    def step_due(self) -> None:
         """A backward ended (backward.py): without an optimizer, the next step is due."""
         if self.forward_ends_steps:
             self.new_step_due = True
@@ -350,8 +353,7 @@ class TorchLoopAdapter:
         """No training forward of ours ran in this step: if the model's forward was
         replaced since instrument() (``torch.cuda.make_graphed_callables`` sets the
         graphed one as the instance's forward), steps open as a compiled model's do."""
-        timed = self.timed_forward
-        if timed.module.forward is not timed:
+        if self.model.forward != self.timed_forward:  # (a bound method is made per look-up)
             self.compiled = True
             _log.info(
                 "otel-train: the model's forward was replaced after instrument() (as "
@@ -366,61 +368,44 @@ def _inert() -> TorchLoopAdapter:
     return adapter
 
 
-class _TimedForward:
-    """The model's ``forward`` while instrumented, wrapping the original: the ``forward``
-    of the model's own subclass (:func:`_timed_class`), or, where the instance has a
-    ``forward`` of its own, an instance attribute wrapping that one. (A forward pre-hook
-    would send every call through ``Module._call_impl``'s slow path, ~1 us per step more
-    than this wrapper in instructions, and would be pickled with the model.)"""
+def _timed_forward(adapter: TorchLoopAdapter, module: torch.nn.Module, wrapped: Any) -> Any:
+    """The model's ``forward`` while instrumented, wrapping ``wrapped`` (the forward it
+    had): a function of the module and the call's arguments, the ``forward`` of the
+    model's own subclass, or called by the instance attribute that wraps an instance's
+    own forward (own_class.py). A method found on the class costs no Python frame to
+    look up (a ``__get__`` of ours did: ~500 instructions a step); a forward pre-hook
+    would send every call through ``Module._call_impl``'s slow path (~1 us per step more
+    in instructions) and would be pickled with the model."""
+    # The module's own attributes, where ``training`` is one (not a compiled module's,
+    # whose ``training`` is its original's): read there, not through Module's
+    # __getattr__, which leaves every attribute lookup on a module unspecialised
+    attrs = module.__dict__ if "training" in module.__dict__ else None
+    own = getattr(wrapped, "__func__", wrapped)  # the class's forward: other instances'
 
-    __slots__ = ("__wrapped__", "adapter", "module", "module_attrs")
-
-    def __init__(self, adapter: TorchLoopAdapter, module: torch.nn.Module, forward: Any) -> None:
-        self.adapter = adapter
-        self.module = module
-        # The module's own attributes, where ``training`` is one (not a compiled module's,
-        # whose ``training`` is its original's): read there, not through Module's
-        # __getattr__, which leaves every attribute lookup on a module unspecialised
-        self.module_attrs = module.__dict__ if "training" in module.__dict__ else None
-        self.__wrapped__ = forward  # the forward it replaced (inspect.signature follows it)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        adapter = self.adapter
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is not module:
+            # Another instance of the subclass (a DataParallel replica, a copy a class of
+            # the user's makes with type(self)): the class's own forward, untimed.
+            return own(self, *args, **kwargs)
         if not adapter.active:
-            return self.__wrapped__(*args, **kwargs)
+            return wrapped(*args, **kwargs)
         if dynamo_compiling():
             # torch.compile traced this call (the model was compiled after instrument()):
             # a clock read here would be a graph break. Dynamo replays this attribute write
             # after each compiled call, so backward knows to open the step instead.
             adapter.compiled = True
-            return self.__wrapped__(*args, **kwargs)
-        attrs = self.module_attrs
-        training = attrs["training"] if attrs is not None else self.module.training
+            return wrapped(*args, **kwargs)
+        training = attrs["training"] if attrs is not None else module.training
         if training and _grad_enabled():
             adapter.forward_begins(args)
         try:
-            return self.__wrapped__(*args, **kwargs)
+            return wrapped(*args, **kwargs)
         except BaseException as err:
             adapter.forward_failed(err)
             raise
 
-    def __get__(self, obj: Any, cls: Any = None) -> Any:
-        """As the subclass's ``forward``: this for the model; the class's own forward for
-        the class (``type(model).forward``) and for another instance of the subclass (a
-        ``DataParallel`` replica, a copy a class of the user's makes with ``type(self)``)."""
-        if obj is self.module:
-            return self
-        return self.__wrapped__.__func__.__get__(obj, cls)
-
-    # Where it is an instance attribute (the instance had a forward of its own), a copied
-    # or pickled model gets the forward this one replaced, not the timing: the copy (an
-    # EMA model, say) is not instrumented. A bound method is copied onto the copy.
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        return copy.deepcopy(self.__wrapped__, memo)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (copy.copy, (self.__wrapped__,))  # (a function is its own copy)
+    forward.__wrapped__ = own  # type: ignore[attr-defined]  # (inspect.signature follows it)
+    return forward
 
 
 def attach(
@@ -431,12 +416,13 @@ def attach(
     counter: Callable[[Any], tuple[int | None, int | None]] | None,
 ) -> None:
     adapter = TorchLoopAdapter(inst, inst.session.recorder, counter)
-    timed = _TimedForward(adapter, model, model.forward)
-    adapter.timed_forward = timed
-    inst.on_undo(time_forward(model, timed))
+    inst.on_undo(time_forward(model, _timed_forward(adapter, model, model.forward)))
+    adapter.model, adapter.timed_forward = model, model.forward
     if optimizer is None:
         adapter.data_boundary = _DATA_NEXT_STEP
         adapter.forward_ends_steps = dataloader is None  # (else each fetch ends the step)
+        if adapter.forward_ends_steps:
+            adapter.after_backward = adapter.step_due
     else:
         adapter.optimizer = optimizer
         pre = optimizer.register_step_pre_hook(adapter.optimizer_pre_hook)

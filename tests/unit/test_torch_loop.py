@@ -12,9 +12,17 @@ import zipfile
 from pathlib import Path
 
 import torch
-from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
+from otel_helpers import (
+    children_of,
+    providers,
+    step_spans,
+    tiny_loader,
+    tiny_model,
+    train_epoch,
+)
 
 import otel_train
+from otel_train import contract as c
 from otel_train.testing import InMemoryTelemetry
 
 # Loads a whole-model save as torch does by default (weights_only=True, the model's own
@@ -83,3 +91,27 @@ def test_deepcopy_and_state_dict_are_those_of_the_model_without_otel_train() -> 
     assert list(state) == list(plain_state)
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
     otel_train.shutdown()
+
+
+PHASES = ["forward", "backward", "optimizer"]
+
+
+def test_another_instance_of_the_models_class_runs_its_forward_untimed() -> None:
+    """A replica made as DataParallel's is (``type(model).__new__``, the model's
+    attributes copied) runs the class's own forward, untimed: the steps are the
+    model's alone."""
+    tel = InMemoryTelemetry()
+    model, opt = tiny_model()
+    otel_train.instrument(model, optimizer=opt, console="off", trace_steps="all",
+                          **providers(tel))  # fmt: skip
+    replica = type(model).__new__(type(model))
+    replica.__dict__ = model.__dict__.copy()
+    x = torch.ones(2, 8)
+    for _ in range(3):
+        assert torch.equal(replica(x), model.__class__.forward(model, x))
+    train_epoch(model, opt, tiny_loader(n=16))
+    otel_train.shutdown()
+    spans = tel.spans()
+    steps = step_spans(spans)
+    assert [[k.name for k in children_of(spans, s)] for s in steps] == [PHASES, PHASES]
+    assert [s.attributes[c.STEP_SAMPLES.key] for s in steps] == [8, 8]
