@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from ..processing.blocks import Shape
+from ..processing.blocks import Shape, StepBlock
 from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.recorder import Recorder
 from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
@@ -92,6 +92,11 @@ class RemoteSource:
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._reported = 0  # the last idle point of this raw session reported
         self._drained = 0.0
+        # The highest step index handed to the worker, and the steps that came again with
+        # an index at or below it (applied twice, in the replica and in the training
+        # process, around a raw session's end): the worker counts each step once.
+        self._last_index = -1
+        self.repeated = 0
         self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
 
     def push(self, delivery: Delivery) -> None:
@@ -200,6 +205,7 @@ class RemoteSource:
         extra = self.replica
         for delivery in deliveries:
             for part in delivery.parts:
+                part = self._unseen(part)
                 if part:
                     out.parts.extend(finished(part, self.shapes, out.remote))
             out.scalars.extend(delivery.scalars)
@@ -212,6 +218,23 @@ class RemoteSource:
             dropped_handover=c.dropped_handover + self.dropped,
         )
         return out
+
+    def _unseen(self, part: Any) -> Any:
+        """``part`` without the steps already handed on (by index: steps reach the worker
+        in index order); remote trees (index -1) always. A block that straddles the last
+        index is kept whole."""
+        last = self._last_index
+        if isinstance(part, StepBlock):
+            end = part.first + part.k - 1
+            if part.k and end <= last:
+                self.repeated += part.k
+                return None
+            self._last_index = max(last, end)
+            return part
+        fresh = [s for s in part if s.index < 0 or s.index > last]
+        self.repeated += len(part) - len(fresh)
+        self._last_index = max([last, *(s.index for s in fresh)])
+        return fresh
 
     def _report_idle(self) -> None:
         """Tell the training process the last ring position of this raw session where
