@@ -83,7 +83,8 @@ def inner(args: argparse.Namespace) -> None:
         import cuda_standin
         import pytest
 
-        rt = cuda_standin.installed(pytest.MonkeyPatch()).__enter__()
+        standin = cuda_standin.installed(pytest.MonkeyPatch())  # (held: its exit uninstalls)
+        rt = standin.__enter__()
     model, opt, loader = ob.make_job(args.hidden, args.batch, 64)
     tp_spans = ob.sdk_tracer_provider()
     span_tracer = tp_spans.get_tracer("bench")

@@ -204,6 +204,14 @@ RESOURCE_NODE_RANK = AttributeSpec(
     "",
     "Resource: index of the node (GROUP_RANK, SLURM_NODEID, JOB_COMPLETION_INDEX).",
 )
+RESOURCE_CONSUMER = AttributeSpec(
+    "otel_train.consumer",
+    "string",
+    "",
+    "Resource of otel-train's own SDK: where this process's steps are consumed (metrics, "
+    "spans, console): sidecar (a process of its own) or thread (a thread of the training "
+    'process: sidecar="off", or a sidecar that could not start).',
+)
 RESOURCE_ROLE = AttributeSpec(
     "otel_train.role",
     "string",
@@ -254,6 +262,7 @@ RESOURCE_ATTRIBUTES = (
     RESOURCE_NODE_RANK,
     RESOURCE_JOB,
     RESOURCE_ROLE,
+    RESOURCE_CONSUMER,
     AttributeSpec("k8s.pod.name", "string", "", "K8S_POD_NAME (downward API), when set."),
     AttributeSpec("k8s.namespace.name", "string", "", "K8S_NAMESPACE_NAME, when set."),
     AttributeSpec("k8s.node.name", "string", "", "K8S_NODE_NAME (spec.nodeName), when set."),

@@ -86,7 +86,9 @@ def host_name() -> str:
     return env_str("K8S_NODE_NAME", "SLURMD_NODENAME") or socket.gethostname()
 
 
-def build_resource(settings: Settings) -> Resource:
+def build_resource(settings: Settings, consumer: str | None = None) -> Resource:
+    """``consumer``: where this SDK's steps are consumed ("sidecar" or "thread"), for
+    otel-train's own SDK."""
     ranks = rank_attributes()
     attrs: dict[str, object] = {
         "service.instance.id": instance_id(ranks),
@@ -95,6 +97,8 @@ def build_resource(settings: Settings) -> Resource:
     }
     if settings.role:
         attrs[c.RESOURCE_ROLE.key] = settings.role
+    if consumer is not None:
+        attrs[c.RESOURCE_CONSUMER.key] = consumer
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     elif not _environment_names_service():

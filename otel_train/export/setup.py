@@ -239,9 +239,11 @@ def build_own(
     version: str,
     metrics_socket: socket.socket | None = None,
     record: RecordPlan | None = None,
+    consumer: str = "thread",
 ) -> Telemetry:
-    """Rule 3: otel-train's own providers (``metrics_socket``: /metrics already bound)."""
-    resource = build_resource(settings)
+    """Rule 3: otel-train's own providers (``metrics_socket``: /metrics already bound;
+    ``consumer``: where they run, "thread" or "sidecar", a resource attribute)."""
+    resource = build_resource(settings, consumer)
     bridge = HistogramBridge(resource, version)
     readers: list[Any] = []
     processors: list[SpanBatcher] = []

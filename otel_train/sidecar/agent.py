@@ -110,7 +110,7 @@ class Agent:
         else:
             fd = os.environ.get("OTEL_TRAIN_SIDECAR_METRICS_FD")
             sock = socket.socket(fileno=int(fd)) if fd else None
-            self.telemetry = build_own(settings, version, sock, record)
+            self.telemetry = build_own(settings, version, sock, record, consumer="sidecar")
         ring = None
         told = os.environ.get("OTEL_TRAIN_SIDECAR_RING")  # "fd:capacity" (process.py)
         if told:
