@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,19 +20,6 @@ from otel_train.testing import InMemoryTelemetry
 pytestmark = pytest.mark.gpu
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def cuda() -> Iterator[torch.device]:
-    """CUDA initialised before instrument() (otel-train never creates a context itself)."""
-    torch.cuda.init()
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    yield device
-    torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def start(tel: InMemoryTelemetry, **settings: Any) -> None:

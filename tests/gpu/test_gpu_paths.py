@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from gpu_helpers import mlp
 
 import otel_train
 from otel_train import contract as c
@@ -26,25 +26,6 @@ from otel_train.recording.device import DeviceClock
 from otel_train.testing import InMemoryTelemetry
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def cuda() -> Iterator[torch.device]:
-    torch.cuda.init()
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.synchronize()
-    yield device
-    torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
-def _mlp(device: torch.device, width: int = 1024) -> tuple[torch.nn.Module, Any]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)
-    ).to(device)
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
 def _providers(tel: InMemoryTelemetry) -> dict[str, Any]:
@@ -79,7 +60,7 @@ def test_the_default_path_with_the_helper_process(
 ) -> None:
     """No providers passed: the sidecar does the work; device times reach its /metrics."""
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    model, opt = _mlp(cuda)
+    model, opt = mlp(cuda)
     x = torch.randn(64, 1024, device=cuda)
     otel_train.instrument(model, optimizer=opt, prometheus_port=0, console="off")
     session = otel_train.session.current()
@@ -102,7 +83,7 @@ def test_make_graphed_callables_while_steps_are_pending(cuda: torch.device) -> N
     polls meanwhile. Nothing breaks the capture, nothing is recorded into it, and the
     graphed steps are recorded (the CPU twin: tests/unit/test_compile.py)."""
     tel = InMemoryTelemetry()
-    model, opt = _mlp(cuda)
+    model, opt = mlp(cuda)
     x = torch.randn(64, 1024, device=cuda)
     otel_train.instrument(model, optimizer=opt, console="off", trace_steps="all",
                           **_providers(tel))  # fmt: skip
@@ -160,7 +141,7 @@ def test_a_cuda_graph_capture_while_steps_are_pending(cuda: torch.device) -> Non
 
 def test_torch_compile_on_the_gpu(cuda: torch.device) -> None:
     tel = InMemoryTelemetry()
-    model, opt = _mlp(cuda)
+    model, opt = mlp(cuda)
     loader = torch.utils.data.DataLoader(torch.randn(32 * 8, 1024), batch_size=32)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
                           trace_steps="all", **_providers(tel))  # fmt: skip
@@ -224,7 +205,7 @@ def test_the_gpu_lagging_past_max_pending_steps(cuda: torch.device) -> None:
 
 def test_device_timing_off_with_cuda_scalars(cuda: torch.device) -> None:
     tel = InMemoryTelemetry()
-    model, opt = _mlp(cuda)
+    model, opt = mlp(cuda)
     x = torch.randn(64, 1024, device=cuda)
     otel_train.instrument(model, optimizer=opt, console="off", device_timing="off",
                           **_providers(tel))  # fmt: skip
@@ -247,7 +228,7 @@ def test_the_new_precision_api(cuda: torch.device) -> None:
     torch.backends.fp32_precision = "tf32"
     try:
         tel = InMemoryTelemetry()
-        model, opt = _mlp(cuda)
+        model, opt = mlp(cuda)
         x = torch.randn(64, 1024, device=cuda)
         # (a peak given: MFU is sent on any device, the table's or not, with its dtype)
         otel_train.instrument(model, optimizer=opt, console="off", peak_tflops=100.0,
@@ -291,7 +272,7 @@ def test_no_context_on_a_device_other_than_the_recorders() -> None:
     """A model on cuda:1, no set_device: the worker's queries must not open device 0."""
     device = torch.device("cuda", 1)
     tel = InMemoryTelemetry()
-    model, opt = _mlp(device)
+    model, opt = mlp(device)
     x = torch.randn(64, 1024, device=device)
     otel_train.instrument(model, optimizer=opt, console="off", **_providers(tel))
     _steps(model, opt, x, 20)
