@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 SPANS_MICRO = 2000  # spans per calibration loop
+CALLS_PER_STEP = 7  # the stand-in's plain loop: 7 timed boundaries a step (printed below)
 
 
 def marker() -> None:
@@ -161,6 +162,18 @@ def inner(args: argparse.Namespace) -> None:
     }
     if rt is not None:
         del variants["training thread, ring session"]  # (stamped boundaries never go raw)
+        ev = torch.cuda.Event(enable_timing=True)
+        stats, reset = torch._C._cuda_memoryStats, torch._C._cuda_resetPeakMemoryStats
+
+        def standin_calls() -> None:  # what a stamp asks the runtime, CALLS_PER_STEP a step
+            plain()
+            for _ in range(CALLS_PER_STEP * args.steps):
+                torch.cuda.current_device()
+                ev.record(torch.cuda.current_stream(0))
+                stats(0)
+                reset(0)
+
+        variants["plain + the stand-in's CUDA calls"] = (standin_calls, None, None)
     calls: dict[str, list[tuple[int, int]]] = {}
     # Warm every variant natively (instrumentation is off), then switch callgrind on.
     for run, setup, teardown in variants.values():
@@ -276,7 +289,9 @@ def main() -> None:
             str(args.rounds), "--hidden", str(args.hidden), "--batch", str(args.batch),
         ] + (["--cuda-standin"] if args.cuda_standin else [])  # fmt: skip
         t = time.monotonic()
-        subprocess.run(cmd, check=True)
+        # One hash seed for every run: str hashes move dict and set layouts, which moved
+        # the plain chunk by up to 1,600 instructions a step between runs of one code.
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
         took = time.monotonic() - t
         inner_out = json.loads(order_file.read_text())
         order, cuda = inner_out["order"], inner_out["cuda"]
@@ -310,6 +325,12 @@ def main() -> None:
         print(f"{name:<32}{ir[name]:>12.0f}{d:>10.0f}{100 * spread[name]:>7.2f}%"
               f"{d * ns_per_ir / 1e3:>8.1f}")  # fmt: skip
     if args.cuda_standin:
+        name = "plain + the stand-in's CUDA calls"
+        runtime = ir[name] - base
+        own = ir["otel-train, training thread only"] - base - runtime
+        print(f"{name:<32}{ir[name]:>12.0f}{runtime:>10.0f}{100 * spread[name]:>7.2f}%")
+        print(f"training thread, otel-train's own (less the stand-in's {CALLS_PER_STEP} "
+              f"calls a step): {own:.0f} instructions a step")  # fmt: skip
         for name in ("otel-train (default)", "otel-train, training thread only"):
             ev = statistics.median(e for e, _ in cuda[name]) / args.steps
             reads = statistics.median(r for _, r in cuda[name]) / args.steps
