@@ -29,11 +29,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def attrs_of(settings: Settings | None = None, **env: str) -> dict[str, object]:
+def attrs_of(
+    settings: Settings | None = None, consumer: str | None = None, **env: str
+) -> dict[str, object]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        return dict(resource.build_resource(settings or Settings()).attributes)
+        return dict(resource.build_resource(settings or Settings(), consumer).attributes)
 
 
 def test_torchrun_variables() -> None:
@@ -83,6 +85,7 @@ def test_run_id_setting_wins_over_the_launchers() -> None:
 def test_every_resource_attribute_is_in_the_contract() -> None:
     a = attrs_of(
         Settings(role="generator"),
+        "sidecar",
         RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", GROUP_RANK="0", TORCHELASTIC_RUN_ID="r",
         K8S_POD_NAME="p", K8S_NAMESPACE_NAME="n", K8S_NODE_NAME="x", K8S_JOB_NAME="j",
     )  # fmt: skip
