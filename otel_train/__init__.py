@@ -41,6 +41,25 @@ annotation-only imports counted too::
                                  CUDA events; imports no consumer type)
     debug ─► identity only       (loads without the rest of otel-train)
     signals ─► the foundation; contract, settings ─► each other, identity ─► nothing
+
+Processes and threads, and the code each runs (the default: the sidecar with otel-train's
+own SDK; docs/rationale.md, "Where the work runs", has the bounds of each hand-over)::
+
+    training process
+      training thread     the hooks (adapters/, recording/): one log entry a boundary, or
+                          one ring slot in a raw session (the C writer); with the device
+                          timed, the entry's stamp (an event, an allocator read)
+      otel-train-feeder   (sidecar/feeder.py, raw.py) every 100 ms: the ring's news and the
+                          sidecar's requests; a stamped log replayed (the step machine)
+                          and its events resolved, resolved steps sent; hang progress
+      otel-train-relay    (sidecar/relay_in.py) your providers only: what the sidecar made
+      signal handler      (signals.py, the main thread) SIGTERM's bounded flush
+    sidecar process       (python -m otel_train.sidecar: sidecar/agent.py, replica.py)
+      main                the pipe and the ring; the replica recorder applies ring slots
+      otel-train-worker   (processing/) metrics, console, sampling, spans
+      SDK threads         (export/) OTLP, the run record, /metrics
+    with sidecar="off" (or no sidecar): the sidecar's threads run in the training process
+    (the worker replays the log itself), fed by the same recorder without the ring
 """
 
 from __future__ import annotations
