@@ -84,8 +84,7 @@ class PhaseMachine(TreeMachine):
                 timed = step.device is not None and name not in HOST_PHASES
                 ev = self._boundary_event() if timed else None
                 r0 = o0 = 0
-                mem = self.memory
-                sample = self._boundary_memory(mem) if mem is not None else None
+                sample = self._boundary_memory()
                 if sample is not None:
                     pa, pr, r0, o0 = sample
                     self._fold_all(stack, pa, pr)
@@ -158,8 +157,7 @@ class PhaseMachine(TreeMachine):
                     self.events.release(ev0)
                     ev0 = None
             memory = None
-            mem = self.memory
-            sample = self._boundary_memory(mem) if mem is not None else None
+            sample = self._boundary_memory()
             if sample is not None:
                 pa, pr, r, o = sample
                 self._fold_all(stack, pa, pr)

@@ -3,7 +3,7 @@
 A CUDA event has to be recorded, and the allocator's peak read, when the training
 thread passes a boundary; everything else (which step, which phases, what they hold)
 can wait. So once the device is timed the hooks still only log: each logged entry
-carries a *stamp*, ``(event, memory)`` taken at the hook, as its last element
+carries a *stamp* taken at the hook (:data:`Stamp`) as its last element
 (:class:`StampedLog`), and the step machine replays the log later on the thread that
 takes it (the worker, or the sidecar's feeder thread), using the stamp wherever the
 immediate path would record an event or read the allocator (:class:`BoundaryStamps`).
@@ -102,10 +102,14 @@ class BoundaryStamps:
             self._stamp_used = True
         return ev
 
-    def _boundary_memory(self, mem: CudaMemoryTracker) -> MemorySample | None:
-        """The allocator sample of the boundary being applied: read now, or the stamp's."""
+    def _boundary_memory(self) -> MemorySample | None:
+        """The allocator sample of the boundary being applied: read now, or the stamp's;
+        None with memory off."""
         stamp = self._stamp
-        return mem.sample() if stamp is None else stamp[1]
+        if stamp is not None:
+            return stamp[1]
+        mem = self.memory
+        return mem.sample() if mem is not None else None
 
     def _stamp_device(self) -> int | None:
         """While a stamp is replayed: the bound device if the hook's thread ran on it."""
