@@ -11,6 +11,7 @@ was idle, so that the training process can let go of the slots before it.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import mmap
@@ -24,6 +25,37 @@ from ..recording.recorder import Recorder
 from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
 from . import wire
 from .wire import replica_stacks, stack_of
+
+MAX_RANGES = 4096  # disjoint ranges of handed-on step indices kept (the oldest forgotten)
+
+
+class IndexRanges:
+    """Step indices as sorted, disjoint, merged ranges (consecutive steps make one)."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def has(self, first: int, last: int) -> bool:
+        """Whether every index from ``first`` to ``last`` is in."""
+        i = bisect.bisect_right(self.starts, first) - 1
+        return i >= 0 and self.ends[i] >= last
+
+    def add(self, first: int, last: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(starts, first)
+        starts.insert(i, first)
+        ends.insert(i, last)
+        if i > 0 and ends[i - 1] >= first - 1:  # joins the range before
+            i -= 1
+            ends[i] = max(ends[i], ends[i + 1])
+            del starts[i + 1], ends[i + 1]
+        while i + 1 < len(starts) and starts[i + 1] <= ends[i] + 1:  # and those after
+            ends[i] = max(ends[i], ends[i + 1])
+            del starts[i + 1], ends[i + 1]
+        if len(starts) > MAX_RANGES:
+            del starts[0], ends[0]
+
 
 _REPLICA = Counters()  # marks the replica's deliveries: the counters are the trainer's
 REPORT_S = 0.05  # seconds between applying raw entries and reporting the idle point
@@ -92,10 +124,10 @@ class RemoteSource:
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._reported = 0  # the last idle point of this raw session reported
         self._drained = 0.0
-        # The highest step index handed to the worker, and the steps that came again with
-        # an index at or below it (applied twice, in the replica and in the training
-        # process, around a raw session's end): the worker counts each step once.
-        self._last_index = -1
+        # The step indices handed to the worker, and the steps that came again (applied
+        # twice, in the replica and in the training process, around a raw session's
+        # end): the worker counts each step once. Steps need not come in index order.
+        self._handed = IndexRanges()
         self.repeated = 0
         self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
 
@@ -220,20 +252,24 @@ class RemoteSource:
         return out
 
     def _unseen(self, part: Any) -> Any:
-        """``part`` without the steps already handed on (by index: steps reach the worker
-        in index order); remote trees (index -1) always. A block that straddles the last
-        index is kept whole."""
-        last = self._last_index
+        """``part`` without the steps already handed on (by index); remote trees (index
+        -1) always. A block not wholly handed on before is kept whole."""
+        handed = self._handed
         if isinstance(part, StepBlock):
             end = part.first + part.k - 1
-            if part.k and end <= last:
+            if part.k and handed.has(part.first, end):
                 self.repeated += part.k
                 return None
-            self._last_index = max(last, end)
+            handed.add(part.first, end)
             return part
-        fresh = [s for s in part if s.index < 0 or s.index > last]
-        self.repeated += len(part) - len(fresh)
-        self._last_index = max([last, *(s.index for s in fresh)])
+        fresh = []
+        for step in part:
+            if step.index >= 0:
+                if handed.has(step.index, step.index):
+                    self.repeated += 1
+                    continue
+                handed.add(step.index, step.index)
+            fresh.append(step)
         return fresh
 
     def _report_idle(self) -> None:
