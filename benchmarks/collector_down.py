@@ -6,7 +6,12 @@ process's plus its sidecar's) after a warm-up and after many thousand more steps
 otel-train's drop counts, and how long
 ``shutdown()`` took against its ``shutdown_timeout``, as one JSON line.
 
+``--hung``: the endpoint is a loopback socket that listens and never answers (the kernel
+completes the connections, nothing reads them: an exporter waits out its own timeout),
+instead of a port where nothing listens.
+
 Usage: python benchmarks/collector_down.py [--warmup 2000] [--steps 20000] [--timeout 5]
+       [--hung]
 """
 
 from __future__ import annotations
@@ -32,13 +37,28 @@ def unused_endpoint() -> str:
     return f"http://127.0.0.1:{port}"  # closed again: connections are refused
 
 
+def hung_endpoint() -> tuple[str, socket.socket]:
+    """An endpoint that accepts connections in the kernel and never answers; the socket
+    must stay open for the run."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1024)
+    return f"http://127.0.0.1:{s.getsockname()[1]}", s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warmup", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--hung", action="store_true", help="an endpoint that never answers")
     args = ap.parse_args()
-    os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", unused_endpoint())
+    held = None
+    if args.hung:
+        endpoint, held = hung_endpoint()
+    else:
+        endpoint = unused_endpoint()
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     import otel_train
 
     session = otel_train.configure(
@@ -107,6 +127,7 @@ def main() -> None:
                 "shutdown_timeout_s": args.timeout,
                 "shutdown_s": round(shutdown_s, 3),
                 "shutdown_in_time": ok,
+                "endpoint": "hung" if held is not None else "refused",
             }
         )
     )
