@@ -141,7 +141,7 @@ def inner(args: argparse.Namespace) -> None:
 
     import otel_train
     from otel_train import session
-    from otel_train.sidecar import feeder
+    from otel_train.handover import feeder
 
     torch.set_num_threads(1)
     model, opt, loader = ob.make_job(args.hidden, args.batch, 64)

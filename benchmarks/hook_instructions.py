@@ -3,7 +3,7 @@
 ``instructions.py`` counts the training thread's whole share per step; this splits it by
 hook, so that what the 20,000-instruction target asks of each is a figure, not a guess.
 Each hook is called ``--calls`` times in a loop of its own, with the hooks writing the
-shared-memory ring as in a sidecar's raw session (sidecar/raw.py), against the same loop
+shared-memory ring as in a sidecar's raw session (handover/raw.py), against the same loop
 calling what the hook wraps without it:
 
 - the DataLoader iterator's ``next()`` (a data phase: two ring slots, the batch counted)
@@ -44,8 +44,8 @@ def inner(calls: int, out: str) -> None:
     from otel_train import session
     from otel_train.adapters import backward, torch_loop
     from otel_train.export.setup import in_memory_meter_provider
+    from otel_train.handover.raw import RawHandover
     from otel_train.recording.ring import Ring
-    from otel_train.sidecar.raw import RawHandover
 
     torch.set_num_threads(1)
     model, opt, loader = ob.make_job(64, 8, 64)

@@ -16,7 +16,7 @@ steps of a small MLP (DataLoader, forward, backward, SGD), rotated over ``--roun
   worker thread is stopped and its ``process()`` runs once per chunk, inside the chunk:
   about the batch the worker takes every 0.5 s from a ~2.5 ms step;
 - the training thread's share alone (the log applied after the chunk), and the same in
-  a raw hand-over's session, the hooks writing the shared-memory ring (sidecar/raw.py);
+  a raw hand-over's session, the hooks writing the shared-memory ring (handover/raw.py);
 - otel-train's hooks with the recorder switched off (what torch's hook dispatch and our
   wrappers cost before any recording);
 - one OTel SDK span per phase plus one per step (BatchSpanProcessor, dropping exporter).
@@ -74,8 +74,8 @@ def inner(args: argparse.Namespace) -> None:
     import otel_train
     from otel_train import session
     from otel_train.export.setup import in_memory_meter_provider
+    from otel_train.handover.raw import RawHandover
     from otel_train.recording.ring import Ring
-    from otel_train.sidecar.raw import RawHandover
 
     torch.set_num_threads(1)
     rt = None
@@ -114,7 +114,7 @@ def inner(args: argparse.Namespace) -> None:
     def plain() -> None:
         ob.plain_steps(model, opt, loader, args.steps)
 
-    # A raw hand-over's session as the sidecar's feeder opens one (sidecar/raw.py): the
+    # A raw hand-over's session as the sidecar's feeder opens one (handover/raw.py): the
     # hooks write slots into the shared-memory ring (the C writer where it was built)
     # and nothing else runs on the training thread; what the sidecar is told goes nowhere.
     ring = Ring(rec)

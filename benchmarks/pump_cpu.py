@@ -3,7 +3,7 @@
 The tail of a step is what a collective waits for, and otel-train's own work on the
 training thread is what can put a lump in it: the hooks (each logs a boundary: a tuple
 appended to the log, or a slot written into the shared-memory ring), and the pumps of
-the sidecar hand-over (``sidecar/feeder.py``: handing the log or the ring's position on,
+the sidecar hand-over (``handover/feeder.py``: handing the log or the ring's position on,
 sometimes reading the sidecar's reports, sending counters, writing the pipe). This
 trains the MLP of ``tail.py`` (64-256-64, batch 32, one torch thread) instrumented at
 defaults with otel-train's own SDK and measures, on the training thread's CPU clock

@@ -2,7 +2,7 @@
 
 With the application's own providers (``tail.py``'s ``app`` variant) the sidecar sends
 back the traced steps and the metrics, and a thread of the training process hands them
-to the application's SDK (``otel_train/sidecar/relay_in.py``). While it runs, the
+to the application's SDK (``otel_train/handover/relay_in.py``). While it runs, the
 training thread cannot take the GIL back after a call into torch: a hold of this
 thread's is a wait of the training thread's, if the two meet. This trains ``tail.py``'s
 MLP with the application's providers (OTLP/HTTP into the endpoint of the environment:
@@ -70,7 +70,7 @@ def run_once(steps: int, warmup: int) -> dict[str, Any]:
     import tail
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from otel_train.sidecar import relay_in
+    from otel_train.handover import relay_in
 
     holds: dict[str, list[int]] = {}
     _timed(relay_in.RelayIn, "_piece", _piece_kind, holds)

@@ -24,9 +24,12 @@ annotation-only imports counted too::
     cli ─► otel_train, runs      testing ─► session, export
     instrumentor ─► otel_train, session, adapters   (opentelemetry-instrument's entry point)
     runs ─► export, processing   (reads run records: replay, report, timeline)
-    session ─► sidecar, wiring, export, processing, recording, debug, signals, session_end
+    session ─► handover, wiring, export, processing, recording, debug, signals, session_end
     session_end ─► nothing      (a session's flush and end, handed the session)
-    sidecar ─► wiring, export, processing, recording (started by session alone)
+    handover ─► wiring, export, processing, recording (the training process's end of the
+                                 sidecar; starts it as a process, never imports it)
+    sidecar ─► handover (its wire.py), wiring, export, processing, recording (a process
+                                 of its own: python -m otel_train.sidecar; imported by none)
     wiring ─► export, processing (the consumer side built: in a thread or in the sidecar)
     adapters ─► recording        (base, backward, batches, collectives, ddp: never each other)
     (session and adapters never import each other: each names what it uses of the other
@@ -49,10 +52,10 @@ own SDK; docs/rationale.md, "Where the work runs", has the bounds of each hand-o
       training thread     the hooks (adapters/, recording/): one log entry a boundary, or
                           one ring slot in a raw session (the C writer); with the device
                           timed, the entry's stamp (an event, an allocator read)
-      otel-train-feeder   (sidecar/feeder.py, raw.py) every 100 ms: the ring's news and the
+      otel-train-feeder   (handover/feeder.py, raw.py) every 100 ms: the ring's news and the
                           sidecar's requests; a stamped log replayed (the step machine)
                           and its events resolved, resolved steps sent; hang progress
-      otel-train-relay    (sidecar/relay_in.py) your providers only: what the sidecar made
+      otel-train-relay    (handover/relay_in.py) your providers only: what the sidecar made
       signal handler      (signals.py, the main thread) SIGTERM's bounded flush
     sidecar process       (python -m otel_train.sidecar: sidecar/agent.py, replica.py)
       main                the pipe and the ring; the replica recorder applies ring slots

@@ -25,6 +25,7 @@ from .export.record import plan as record_plan
 from .export.resource import metrics_port, rank, service_name
 from .export.run_facts import record_run_facts
 from .export.setup import Telemetry, build_telemetry, builds_own, relayed_providers
+from .handover.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .processing.efficiency import EfficiencyTracker
 from .processing.hang_details import LocalHangs, hang_label
 from .processing.source import StepSource
@@ -36,7 +37,6 @@ from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
 from .settings import ConfigError, Settings
 from .settings.verdicts import VerdictSettings
-from .sidecar.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
 from .signals import SigtermFlush
 from .wiring import build_consumer, prints_console
 

@@ -1,7 +1,9 @@
 """Each rank's run facts: what a run record's telemetry does not say about the run's
 set-up, for ``otel-train compare`` to tell two runs apart (contract.RUN_FACTS): torch's
 version, whether a model ran under torch.compile, otel-train's version and the settings
-that differ from their defaults.
+that differ from their defaults. Those known at start are on otel-train's own SDK
+resource too (export/resource.py), and the compile state on a gauge
+(contract.TORCH_COMPILED), for a job read from a live stack.
 
 The training process writes them at shutdown, once it knows whether anything was
 compiled, as ``<prefix>.run.json`` beside the rank's record files (only when the record's
@@ -11,6 +13,7 @@ name, so a link planted there is replaced, never written through."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import os
@@ -44,14 +47,30 @@ def changed_settings(settings: Settings) -> str:
     return ", ".join(pairs)
 
 
-def run_facts(settings: Settings, version: str, compiled: bool) -> dict[str, Any]:
+def torch_version() -> str | None:
+    """torch's version: the imported module's, else the installed distribution's (the
+    sidecar never imports torch); None when neither is there."""
     torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(getattr(torch, "__version__", "")) or None
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def start_facts(settings: Settings, version: str) -> dict[str, Any]:
+    """The run facts known when the process starts (contract.START_FACTS): also resource
+    attributes of otel-train's own SDK, so that a live stack holds them (target_info)."""
     return {
-        c.RUN_TORCH_VERSION.key: str(getattr(torch, "__version__", "")) or None,
-        c.RUN_TORCH_COMPILE.key: compiled,
+        c.RUN_TORCH_VERSION.key: torch_version(),
         c.RUN_VERSION.key: version,
         c.RUN_SETTINGS.key: changed_settings(settings),
     }
+
+
+def run_facts(settings: Settings, version: str, compiled: bool) -> dict[str, Any]:
+    return {**start_facts(settings, version), c.RUN_TORCH_COMPILE.key: compiled}
 
 
 def write_run_facts(plan: RecordPlan, facts: dict[str, Any]) -> bool:

@@ -40,8 +40,8 @@ class Counters:
     dropped_scalars: int = 0
     memory_total: int | None = None
     device_id: str | None = None  # the device's hw.id (memory.py)
-    dropped_handover: int = 0  # steps the sidecar's pipe could not take (sidecar/feeder.py)
-    # The training process's memory, as the feeder's thread last read it (sidecar/feeder.py)
+    dropped_handover: int = 0  # steps the sidecar's pipe could not take (handover/feeder.py)
+    # The training process's memory, as the feeder's thread last read it (handover/feeder.py)
     rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
     notes: tuple[str, ...] = ()  # the run summary's lines from the adapters (recording/notes.py)

@@ -7,7 +7,7 @@ the log under the lock on whichever thread settles it first, normally the worker
 caller that needs the state settles before it reads it, so the state every caller sees
 is the same as if nothing had been deferred. Runs of steps whose boundaries repeat a known
 shape are not replayed one by one: drain.py's layer hands them to the worker as runs.
-The log may also go on unapplied (a raw hand-over: sidecar/raw.py) and the state be
+The log may also go on unapplied (a raw hand-over: handover/raw.py) and the state be
 taken back here later: the methods of "the log handed on" below.
 """
 
@@ -73,7 +73,7 @@ class DeferredLog(PhaseMachine):
         self._on_full: Any = self.settle
         self._decide_deferral()
         # The shared-memory ring the hooks write to instead of the log, while a raw
-        # hand-over has one open (ring.py, sidecar/raw.py); None otherwise.
+        # hand-over has one open (ring.py, handover/raw.py); None otherwise.
         self._ring: Ring | None = None
 
     # -- what turns deferral off -------------------------------------------------------
@@ -267,7 +267,7 @@ class DeferredLog(PhaseMachine):
                 self._settle(SETTLE_SLICE)
 
     def _raw_out(self) -> bool:
-        """Whether entries went to the sidecar unapplied here (sidecar/raw.py)."""
+        """Whether entries went to the sidecar unapplied here (handover/raw.py)."""
         return self.handover is not None and bool(self.handover.raw)
 
     def _catch_up(self) -> None:
@@ -391,7 +391,7 @@ class DeferredLog(PhaseMachine):
             or self.step_stack
         )
 
-    # -- the log handed on, and the state taken back (sidecar/raw.py, replica.py) --------
+    # -- the log handed on, and the state taken back (handover/raw.py, replica.py) --------
 
     @property
     def next_index(self) -> int:

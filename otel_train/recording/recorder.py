@@ -202,7 +202,7 @@ class Recorder(TraceEntries):
 
     def route_to(self, ring: Any) -> None:
         """From now on the hooks' boundaries go straight to ``ring``'s writer (the C one:
-        no Python frame of ours), a raw session's hand-over (sidecar/raw.py); ``None``:
+        no Python frame of ours), a raw session's hand-over (handover/raw.py); ``None``:
         back to this recorder's own ``transition`` methods."""
         self._ring = ring
         if ring is None:

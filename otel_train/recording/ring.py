@@ -1,6 +1,6 @@
 """The ring: each boundary written at the hook as one fixed slot in shared memory.
 
-While the sidecar takes the log raw (otel_train/sidecar/raw.py), the hooks write here
+While the sidecar takes the log raw (otel_train/handover/raw.py), the hooks write here
 instead of appending tuples to the deferred log: one 48-byte slot per boundary (SLOT,
 below), in a ring the sidecar maps and reads itself. Nothing is copied or pickled on the
 training thread, and an adapter's boundary is one call into C (``_ring.c``; the
@@ -65,7 +65,7 @@ except ImportError:  # (not built: the Python writer and decoder below, the same
 
 class Unapplied(Protocol):
     """Whoever takes entries off the log to send them on unapplied (the sidecar's raw
-    hand-over, sidecar/raw.py): while ``raw`` is true this recorder's state lags those
+    hand-over, handover/raw.py): while ``raw`` is true this recorder's state lags those
     entries, and ``leave_raw()`` (the lock held) applies them here first. A session
     ends (the ring's writer reports, :meth:`Recorder.ring_due`) at ring position
     ``ends_at``, before a debugging window's first step could be written."""

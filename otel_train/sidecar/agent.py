@@ -24,6 +24,7 @@ from typing import Any
 
 from ..export.resource import rank
 from ..export.setup import Telemetry, build_own
+from ..handover import wire
 from ..processing.blocks import StepBlock
 from ..processing.efficiency import EfficiencyTracker
 from ..processing.hangs import Progress
@@ -32,7 +33,6 @@ from ..processing.source import Delivery
 from ..recording.regions import RegionLog
 from ..settings import ConfigError
 from ..wiring import build_consumer
-from . import wire
 from .relay import METRICS_S, RelayEmitter, RelayLoggerProvider, RelayOut, send_metrics
 from .replica import RemoteSource
 

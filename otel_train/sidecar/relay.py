@@ -38,11 +38,11 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 
+from ..handover import wire
+from ..handover.wire import LOG, METRICS, STEPS, TREES, spans_of
 from ..processing.aggregate import MetricsAggregator
 from ..recording.links import StepLink, new_ids
-from . import wire
 
-STEPS, TREES, METRICS, LOG = range(4)
 METRICS_S = 0.5  # how often the sidecar sends its aggregator (when it changed)
 MAX_BUFFER = 8 << 20  # bytes waiting for the pipe in the sidecar before frames are dropped
 
@@ -155,9 +155,3 @@ def send_metrics(out: RelayOut, agg: MetricsAggregator) -> None:
     payload = pickle.dumps((values, histograms), protocol=5)
     if payload != out.last_metrics and out.send((METRICS, payload)):
         out.last_metrics = payload
-
-
-def spans_of(kind: int, step: Any) -> int:
-    """The spans a relayed step (a root and its phases) or tree (phases) makes: what a
-    drop of it loses."""
-    return len(step.phases) + (1 if kind == STEPS else 0)

@@ -19,12 +19,12 @@ import threading
 import time
 from typing import Any
 
+from ..handover import wire
+from ..handover.wire import replica_stacks, stack_of
 from ..processing.blocks import Shape, StepBlock
 from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.recorder import Recorder
 from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
-from . import wire
-from .wire import replica_stacks, stack_of
 
 MAX_RANGES = 4096  # disjoint ranges of handed-on step indices kept (the oldest forgotten)
 

@@ -4,7 +4,7 @@ The job builds its own SDK providers as such an application does (a ``BatchSpanP
 and a ``PeriodicExportingMetricReader``, both OTLP/HTTP to the Collector started from
 deploy/), opens a span of its own, and passes the providers to ``instrument()``. The
 sidecar does otel-train's work and the relay hands the results to those providers in
-the training process, a span at a time (otel_train/sidecar/relay_in.py). Then Jaeger
+the training process, a span at a time (otel_train/handover/relay_in.py). Then Jaeger
 holds every step's trace under the application's service, with its four phases, beside
 the application's own span; Prometheus holds the step count, the per-phase duration
 histograms and the samples counter as the run's own figures give them, and no span was

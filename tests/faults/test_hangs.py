@@ -248,7 +248,7 @@ def test_the_survivors_of_a_killed_rank_fail_with_the_collectives_error(
 
 FROZEN = textwrap.dedent("""
     import time, torch, otel_train
-    from otel_train.sidecar import feeder
+    from otel_train.handover import feeder
     feeder.PROGRESS_S = 3600.0  # its thread tells the progress once, before any step
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -28,7 +28,7 @@ JOB = textwrap.dedent("""
     import os, signal, sys, threading
     from pathlib import Path
     import torch, otel_train
-    from otel_train.sidecar.process import SidecarProcess
+    from otel_train.handover.process import SidecarProcess
 
     sig, out = int(sys.argv[1]), Path(sys.argv[2])
     # (a job started in the background inherits SIGINT ignored: a terminal's is not)

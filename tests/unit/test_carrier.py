@@ -15,10 +15,10 @@ from otel_helpers import children_of, providers, step_spans, tiny_loader, tiny_m
 
 import otel_train
 from otel_train import contract as c
+from otel_train.handover import wire
 from otel_train.processing.resolved import finished_step
 from otel_train.recording.links import StepLink
 from otel_train.runs import record_data
-from otel_train.sidecar import wire
 from otel_train.testing import InMemoryTelemetry
 
 

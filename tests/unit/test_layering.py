@@ -113,10 +113,13 @@ LAYERS: dict[str, frozenset[str]] = {
     "export": BASE | {"recording", "processing"},  # the SDK side: reads the aggregates
     "adapters": BASE | {"recording"},  # leaves over the core; talk to the OTel API only
     "wiring": BASE | {"recording", "processing", "export"},  # the consumer side, built once
-    "sidecar": BASE | {"recording", "processing", "export", "wiring"},  # session's process
+    # the training process's end of the sidecar (feeder, raw hand-over, pipes, relay in)
+    "handover": BASE | {"recording", "processing", "export", "wiring"},
+    # the sidecar process: imported by no part (handover/process.py starts it by name)
+    "sidecar": BASE | {"recording", "processing", "export", "wiring", "handover"},
     "session": BASE
     | {"signals", "debug", "recording", "processing", "export"}
-    | {"wiring", "sidecar", "session_end"},
+    | {"wiring", "handover", "session_end"},
     "session_end": frozenset(),  # a session's flush and end (it is handed the session)
     # the package: names the public API, each name loaded at its first use
     "otel_train": BASE | {"api", "session", "adapters"},
@@ -134,7 +137,9 @@ REASONS: dict[tuple[str, str], str] = {
     "the consumer side's types: the consumer side reads the recorder",
     ("recording", "adapters"): "the core never knows its adapters: they are leaves over it",
     ("recording", "export"): "the core talks to the OTel API only; the SDK side reads it",
-    ("recording", "sidecar"): "the sidecar is started by session.py alone",
+    ("recording", "sidecar"): "the sidecar is a process of its own, imported by no part",
+    ("session", "sidecar"): "the sidecar is a process of its own, imported by no part",
+    ("recording", "handover"): "the hand-over is started by session.py alone",
     ("export", "adapters"): "exporting knows nothing of trainers",
     ("adapters", "export"): "adapters talk to the OTel API only (the SDK is built in export/)",
     ("adapters", "session"): "adapters are handed their session (Instrumentation.session)",
@@ -297,7 +302,9 @@ def test_the_layer_rules_hold_the_issue_edges() -> None:
         assert imported not in LAYERS[importer], f"LAYERS lets {importer} import {imported}: {why}"
     assert "recording" in LAYERS["adapters"]
     importers = sorted(p for p, allowed in LAYERS.items() if "sidecar" in allowed)
-    assert importers == ["session"], f"the sidecar is imported by session.py only, not {importers}"
+    assert importers == [], f"the sidecar process is imported by no part, not {importers}"
+    importers = sorted(p for p, allowed in LAYERS.items() if "handover" in allowed)
+    assert importers == ["session", "sidecar"], f"the hand-over: session and wire, not {importers}"
 
 
 def test_the_package_docstring_draws_every_layer() -> None:

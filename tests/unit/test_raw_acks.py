@@ -19,10 +19,10 @@ from otel_helpers import providers
 
 import otel_train
 from otel_train import session as session_mod
+from otel_train.handover import wire
 from otel_train.recording.layouts import L_KIND, SCALARS, STEP_END
 from otel_train.recording.recorder import Recorder
 from otel_train.recording.ring import Ring, read_ack
-from otel_train.sidecar import wire
 from otel_train.sidecar.replica import RemoteSource
 from otel_train.testing import InMemoryTelemetry
 

@@ -1,5 +1,5 @@
 """The feeder's thread takes finished steps off the recorder's queue without the lock
-while the training thread, ending a raw session (sidecar/raw.py), lets go of the steps
+while the training thread, ending a raw session (handover/raw.py), lets go of the steps
 the sidecar's replica already has. A step must be popped before it is looked at on both
 sides: checked on one and popped after, the other could take it in between (``IndexError:
 pop from an empty deque``, and recording off for the rest of the run).

@@ -1,4 +1,4 @@
-"""Side entries reach the sidecar whenever they land beside the ring (sidecar/raw.py).
+"""Side entries reach the sidecar whenever they land beside the ring (handover/raw.py).
 
 The training thread writes a side entry's slot first and puts the entry into
 ``Ring.sides`` after, in its own bytecode: the feeder's thread can hand over between the
@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from test_raw_acks import _explicit_log
 
+from otel_train.handover import wire
+from otel_train.handover.raw import RawHandover
 from otel_train.recording.layouts import L_KIND, SCALARS
 from otel_train.recording.recorder import Recorder
 from otel_train.recording.ring import NONE, SIDE, Ring
-from otel_train.sidecar import wire
-from otel_train.sidecar.raw import RawHandover
 
 
 def _raw_handover(

@@ -24,9 +24,9 @@ from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
 
 import otel_train
 from otel_train import contract as c
+from otel_train.handover.raw import RAW_ROOM
+from otel_train.handover.relay_in import MAX_WAITING
 from otel_train.recording.scopes import NEAR_WINDOW
-from otel_train.sidecar.raw import RAW_ROOM
-from otel_train.sidecar.relay_in import MAX_WAITING
 from otel_train.testing import InMemoryTelemetry
 
 

@@ -1,5 +1,5 @@
 """The relay's end in the training process hands the application's SDK one small piece at
-a time (sidecar/relay_in.py): a span's start or end, a frame, the metrics only when read."""
+a time (handover/relay_in.py): a span's start or end, a frame, the metrics only when read."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_train
 from otel_train import contract as c
+from otel_train.handover import relay_in, wire
 from otel_train.processing.aggregate import MetricsAggregator
 from otel_train.processing.resolved import finished_step
 from otel_train.processing.spans import SpanEmitter, finish
-from otel_train.sidecar import relay, relay_in, wire
+from otel_train.sidecar import relay
 
 MS = 1_000_000
 
@@ -114,7 +115,7 @@ def _pipe_with(messages: list[tuple[Any, ...]]) -> int:
 
 def test_the_relays_thread_hands_spans_over_without_a_flush() -> None:
     provider, spans, _ = _sdk()
-    fd = _pipe_with([(relay.STEPS, [_step(i)]) for i in range(3)])
+    fd = _pipe_with([(wire.STEPS, [_step(i)]) for i in range(3)])
     rin = relay_in.RelayIn(fd, (provider, None, None), 0, 0, "test")
     deadline = time.monotonic() + 10
     while len(spans.get_finished_spans()) < 15 and time.monotonic() < deadline:
@@ -129,7 +130,7 @@ def test_steps_past_the_waiting_bound_are_dropped_and_counted() -> None:
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     n = relay_in.MAX_WAITING + 3
-    fd = _pipe_with([(relay.STEPS, [_step(i) for i in range(n)])])
+    fd = _pipe_with([(wire.STEPS, [_step(i) for i in range(n)])])
     rin = relay_in.RelayIn(fd, (provider, meters, None), 0, 0, "test")
     rin.stop()  # (its thread may have taken a piece or two: drain takes the rest here)
     rin.drain(time.monotonic() + 30)
@@ -179,15 +180,15 @@ def test_a_failed_relay_closes_its_pipe_so_the_sidecar_stops_writing() -> None:
     provider = TracerProvider()
     provider.add_span_processor(Raising())
     r, w = os.pipe()
-    os.write(w, wire.FrameWriter().frame((relay.STEPS, [_step(0)])))
+    os.write(w, wire.FrameWriter().frame((wire.STEPS, [_step(0)])))
     rin = relay_in.RelayIn(r, (provider, None, None), 0, 0, "test")
     out = relay.RelayOut(w)
     deadline = time.monotonic() + 10
     while not out.gone and time.monotonic() < deadline:
-        out.send((relay.STEPS, [_step(1)]))
+        out.send((wire.STEPS, [_step(1)]))
         time.sleep(0.01)
     assert rin.failed and out.gone
-    assert not out.send((relay.STEPS, [_step(2)]))
+    assert not out.send((wire.STEPS, [_step(2)]))
 
 
 def test_closing_the_relay_closes_its_pipe() -> None:

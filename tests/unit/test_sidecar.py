@@ -25,8 +25,8 @@ from scratch import job_env
 import otel_train
 from otel_train import contract as c
 from otel_train import session as session_mod
+from otel_train.handover import feeder as feeder_mod
 from otel_train.recording.layouts import ENTER, EXIT
-from otel_train.sidecar import feeder as feeder_mod
 
 
 def scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -227,9 +227,9 @@ def test_an_answer_read_together_with_another_is_kept(own_sdk: None) -> None:
     """Two answers the sidecar wrote before the training process read: one read takes
     both, and the second is there for the next wait (a FLUSHED behind an IDLE was lost
     this way, and flush() waited its whole deadline)."""
+    from otel_train.handover import wire
+    from otel_train.handover.process import SidecarProcess
     from otel_train.settings import Settings
-    from otel_train.sidecar import wire
-    from otel_train.sidecar.process import SidecarProcess
 
     settings = Settings.resolve({"prometheus": False, "console": "off", "run_dir": "off"})
     proc = SidecarProcess(None)

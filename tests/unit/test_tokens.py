@@ -15,9 +15,9 @@ from otel_helpers import providers, step_spans
 
 import otel_train
 from otel_train import contract as c
+from otel_train.handover import wire
 from otel_train.processing.resolved import finished_step
 from otel_train.recording.tokens import MAX_CONSUMED, MAX_PRODUCED, Consumed
-from otel_train.sidecar import wire
 from otel_train.testing import InMemoryTelemetry
 
 

@@ -1,4 +1,4 @@
-"""What crosses the sidecar's pipe (sidecar/wire.py): blocks of recognised steps and
+"""What crosses the sidecar's pipe (handover/wire.py): blocks of recognised steps and
 their shapes cross as themselves, and come out with the columns they went in with."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from otel_helpers import providers, tiny_loader, tiny_model, train_epoch
 
 import otel_train
+from otel_train.handover import wire
 from otel_train.processing.blocks import StepBlock
-from otel_train.sidecar import wire
 from otel_train.testing import InMemoryTelemetry
 
 COLUMNS = ("first", "k", "starts", "ends", "seconds", "durations", "phase_seconds",

@@ -1,0 +1,250 @@
+"""Raw handover: the log goes to the sidecar unapplied, through the shared-memory ring.
+
+Applying the log (the step state machine, recognising step shapes) costs the training
+thread ~70 us per pump on cold caches, whatever the number of steps in it; copying and
+pickling it for the pipe cost most of a pump's lumps (benchmarks/README.md, "Pump
+lumps"). In a raw session the hooks write their boundaries as fixed slots into the ring
+(recording/ring.py), which the sidecar maps: nothing is taken or pickled on the training
+thread. With the C writer the ring's header says how far it is written, and the sidecar
+(sidecar/replica.py) reads it there and publishes its acknowledgements there (the
+*shared* mode); the feeder's thread only tells it the codes, stacks and side entries it
+has not seen. With the Python writer, whose stores carry no ordering a reader on
+another core could rely on, the feeder's thread tells the position too, and the
+acknowledgements come back as messages.
+
+The training process's own state machine lags; the ring keeps what was written since
+the last point the sidecar found its replica idle (no open step, no open phase), so
+that anything that needs the state here (an adapter asking for the open step, an
+exception, the FLOP probe, shutdown) has the recorder catch up first: it tells the
+sidecar everything written, decodes the slots from that idle point, replays them
+locally, drops the steps they finish (the sidecar has them) and continues with its own
+state, handing on finished steps again (the parts mode). A ring the sidecar fell a whole
+ring behind on refuses the next write, and the recorder catches up the same way. Raw
+mode starts again at the next point where the local recorder is idle.
+
+Positions are the ring's (slots written since it was made); the sidecar's idle points
+``(session, position, next_index, step-stack token)`` let go of the slots before them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..recording.recorder import Recorder
+from ..recording.ring import Ring, decode, read_ack
+from ..recording.scopes import INT64_MAX, NEAR_WINDOW
+from . import wire
+
+ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-over
+CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
+# Pumps let pass before the next session after one ended: doubling from FIRST_WAIT while
+# sessions end soon after they begin (the state is asked for often), back to FIRST_WAIT
+# once one carried SETTLED_SLOTS, ~150 steps of a plain loop (it was worth it: a loop
+# that flushes every few hundred steps stays raw between its flushes).
+FIRST_WAIT, MAX_WAIT = 8, 4096
+SETTLED_SLOTS = 1 << 10
+# A session needs this many steps before a debugging window's first (its boundaries are
+# applied on the training thread): one slot begins at most one step, so it ends that
+# many slots short of the window's first step less NEAR_WINDOW (recorder.ring_due).
+RAW_ROOM = 1 << 10
+
+
+class RawHandover:
+    def __init__(self, recorder: Recorder, send: Any, ring: Ring, gone: Any) -> None:
+        """``send(message)``: to the sidecar; ``gone()``: whether it died (then what
+        the ring held is handed on as finished steps, dropped and counted there)."""
+        self.rec = recorder
+        self._send = send
+        self._gone = gone
+        self.ring = ring
+        # Whether the sidecar reads how far the ring is written off its header, and
+        # publishes its acknowledgements there (the C writer's atomics order them), or is
+        # told both ways in messages (the Python writer).
+        self.shared = ring.native
+        self.raw = False
+        self.session = 0
+        self._acked = 0  # ring position the sidecar's replica was last idle at
+        self._told = 0  # ring position the sidecar was told of
+        # Positions of the side entries it was told of: the training thread writes an
+        # entry's slot first and puts the entry beside the ring after, so one may arrive
+        # after a hand-over told the position past it (sent then, whatever the position).
+        self._sides_told: set[int] = set()
+        self._sent = (0, 1, 0)  # boundaries, names and stacks of ring.tables it has
+        self._idle: tuple[int, Any] = (0, None)  # (next step index, step stack) there
+        self.caught_up = 0  # slots replayed here to catch up (a figure for tests)
+        self.left = 0  # raw sessions ended by a catch-up
+        self._wait = 0  # try_enter calls to let pass before the next session
+        self._backoff = FIRST_WAIT
+        self._began = 0  # ring position the session began at
+        self.ends_at = INT64_MAX  # ring position the session ends at (a window ahead)
+
+    def try_enter(self) -> None:
+        """Start a raw session if the recorder is idle with nothing waiting (lock held)."""
+        if self._wait > 0:
+            self._wait -= 1  # (state asked for often: raw sessions would end at once)
+            return
+        rec = self.rec
+        # (RAW_ROOM: a debugging window near is the log's bound)
+        if self.raw or not rec.idle_for_handover(RAW_ROOM, ANNOUNCE_SLOTS):
+            return
+        stack = rec.step_stack
+        self.raw = True
+        self.session += 1
+        ring, writer = self.ring, self.ring.writer
+        writer.acked = self._acked = self._told = self._began = writer.pos
+        room = rec.window_room
+        self.ends_at = writer.pos + room - NEAR_WINDOW if room < INT64_MAX else INT64_MAX
+        writer.due = min(self.ends_at, (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS)
+        writer.open = 1
+        rec.log_into(ring)  # (a partial step's entries, kept for the next pump: slots first)
+        rec.route_to(ring)  # the hooks call the writer directly
+        self._idle = (rec.next_index, stack)
+        token = ring.tables.token_of(stack) if stack is not None else None
+        self._send((wire.RAW_BEGIN, self.session, rec.next_index, token, self._acked,
+                    self._news(), self.shared))  # fmt: skip
+
+    def _news(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """What the sidecar does not know yet of the codes and tokens."""
+        t = self.ring.tables
+        b, n, s = self._sent
+        news = (t.boundaries[b:], t.names[n:], t.stacks[s:])
+        self._sent = (len(t.boundaries), len(t.names), len(t.stacks))
+        return news
+
+    def take(self) -> tuple[Any, ...] | None:
+        """What the sidecar needs to read the ring that it was not told yet (lock held):
+        the side entries and codes, and in message mode how far the ring is written (a
+        shared ring's header says that itself: ``shared``); None when nothing is new."""
+        rec = self.rec
+        # Entries another thread logged the old way as the session opened (its call read
+        # "no ring" just before): into the ring, after what was written since, for the
+        # sidecar to apply. If the ring refused one, the session ends, and leave_raw()
+        # applies what is left of the log here first.
+        if not rec.log_into(self.ring):
+            self.leave_raw()
+            return None
+        writer = self.ring.writer
+        rec.note_progress(writer.last_t)  # (the hang watch's progress)
+        if self.shared:
+            self._let_go(read_ack(self.ring.view)[1])
+            if not self.has_news():
+                return None
+        else:
+            writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS)
+        return self._announce()
+
+    def has_news(self) -> bool:
+        """Whether side entries or codes wait to be told, or old-way entries to be put in
+        the ring (a shared ring's pumps)."""
+        t, (b, n, s), sides = self.ring.tables, self._sent, self.ring.sides
+        return (
+            self.rec.log_length() > 0
+            or len(t.boundaries) > b
+            or len(t.names) > n
+            or len(t.stacks) > s
+            or bool(sides and not self._sides_told.issuperset(sides))
+        )
+
+    def _announce(self) -> tuple[Any, ...] | None:
+        writer = self.ring.writer
+        pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
+        news = self._news()
+        sides = self._fresh_sides()
+        if pos == self._told and not any(news) and not sides:
+            return None
+        self._told = pos
+        return (self.session, pos, news, sides)
+
+    def _fresh_sides(self) -> list[tuple[int, tuple[Any, ...]]]:
+        """The side entries not told yet. The training thread adds to the dict while this
+        reads it: a copy first (one C call, whole under the GIL)."""
+        told = self._sides_told
+        fresh = [(p, e) for p, e in self.ring.sides.copy().items() if p not in told]
+        told.update(p for p, _ in fresh)
+        return fresh
+
+    def acked(self) -> int:
+        """The ring position the sidecar acknowledged last (its header, when shared)."""
+        if self.shared:
+            session, pos, _, _ = read_ack(self.ring.view)
+            return max(self._acked, pos) if session == self.session else self._acked
+        return self._acked
+
+    def _let_go(self, acked: int) -> None:
+        """The side entries before ``acked``: the sidecar has applied them."""
+        sides, told = self.ring.sides, self._sides_told
+        if sides and next(iter(sides)) < acked:
+            for p in [p for p in sides.copy() if p < acked]:  # (a copy: as _fresh_sides)
+                del sides[p]
+                told.discard(p)
+
+    def on_idle(self, session: int, position: int, next_index: int, token: Any) -> None:
+        """The sidecar's replica was idle at ``position`` (lock held)."""
+        if session != self.session or not self.raw or position <= self._acked:
+            return
+        stacks = self.ring.tables.stack_objects
+        if token is not None and token not in stacks:
+            return  # a stack this process did not name: keep the slots (catch up from before)
+        self._acked = self.ring.writer.acked = min(position, self.ring.writer.pos)
+        self._let_go(self._acked)
+        self._idle = (next_index, stacks.get(token) if token is not None else None)
+
+    def leave_raw(self) -> None:
+        """Bring the local state machine up to what was written (recorder lock held)."""
+        if not self.raw:
+            return
+        self.raw = False
+        self.left += 1
+        rec, ring = self.rec, self.ring
+        writer = ring.writer
+        if writer.pos - self._began >= SETTLED_SLOTS:
+            self._backoff = FIRST_WAIT
+        self._wait = self._backoff
+        self._backoff = min(MAX_WAIT, self._backoff * 2)
+        # Entries logged the old way by calls in flight when the session began: older
+        # than the slots. (Taken before the ring closes: what is logged after that is
+        # newer, and the caller applies it after these.)
+        early = rec.take_log()
+        self.detach()
+        # Everything written is told first: the sidecar applies all of it (a shared
+        # ring's header may have shown it any of it already), and so does this process.
+        final = self._announce()
+        if final is not None:
+            self._send((wire.RING, *final))
+        if self.shared:
+            self._acked_from_header()
+        rec.idle_at(*self._idle)
+        loose = len(rec.loose_scalars)
+        # The sidecar's replica counts what these entries drop: do not count it twice.
+        dropped = rec.dropped_steps, rec.dropped_phases
+        gone = self._gone()
+        rec.apply_entries(early)
+        tables, start = ring.tables, self._acked
+        while start < writer.pos:  # (in pieces: a ring's worth is thousands of steps)
+            end = min(writer.pos, start + CATCH_UP_SLOTS)
+            rec.apply_entries(decode(ring.view, ring.capacity, start, end, tables,
+                                     tables.stack_objects.get, ring.sides)[0])  # fmt: skip
+            self.caught_up += end - start
+            start = end
+            rec.release_finished(gone)  # the sidecar's replica has them
+        ring.sides.clear()
+        self._sides_told.clear()
+        rec.dropped_steps, rec.dropped_phases = dropped
+        while len(rec.loose_scalars) > loose:
+            rec.loose_scalars.pop()
+        self._send((wire.RAW_END, self.session))
+
+    def detach(self) -> None:
+        """The hooks write no more to the ring: a write in flight now is refused and goes
+        to the log, and the recorder's own ``transition`` methods are back."""
+        self.ring.writer.open = 0
+        self.rec.route_to(None)
+
+    def _acked_from_header(self) -> None:
+        """A shared ring's last acknowledgement, as the sidecar published it."""
+        session, pos, next_index, token = read_ack(self.ring.view)
+        stacks = self.ring.tables.stack_objects
+        if session != self.session or pos <= self._acked or (token and token not in stacks):
+            return
+        self._acked = min(pos, self.ring.writer.pos)
+        self._idle = (next_index, stacks.get(token) if token else None)
