@@ -152,7 +152,7 @@ class DeferredLog(PhaseMachine):
         )
         self.window_room = room
         if self._defer and timed and self._log.__class__ is not StampedLog:
-            self._log = StampedLog(self._take_stamp, self._log)  # (a thread's hook: stamps)
+            self._log = StampedLog(self.stamper(), self._log)  # (a thread's hook: stamps)
         # Stamped logs are taken by a thread of their own (the worker, the feeder's):
         # the training thread hands on only a large backlog.
         take = max(self._take_limit, MAX_LOG // 4) if timed else self._take_limit

@@ -33,7 +33,6 @@ ten minutes).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import time
 from typing import TYPE_CHECKING, Any
@@ -56,10 +55,11 @@ class EventPool:
     """Reusable timing events of one device; creation is not free, recording one is an
     async enqueue. ``device`` is set when the recorder binds (None: the current one)."""
 
-    __slots__ = ("_free", "_holders", "created", "device")
+    __slots__ = ("_holders", "created", "device", "free")
 
     def __init__(self, device: int | None = None) -> None:
-        self._free: collections.deque[Any] = collections.deque()
+        # Events ready to record again, a stack (the C stamper pops it too: _stamp.c).
+        self.free: list[Any] = []
         # Holders beyond the first, by event id: a boundary's one event serves the phase
         # that ends there and what begins there (stamps.py); the anchor of a DeviceClock.
         self._holders: dict[int, int] = {}
@@ -71,13 +71,15 @@ class EventPool:
         recorded then would belong to the graph: the caller falls back to host time)."""
         if capture.active:
             return None
-        try:
-            ev = self._free.pop()
-        except IndexError:
-            ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self.created += 1
+        free = self.free
+        ev = free.pop() if free else self.new_event()
         ev.record(torch.cuda.current_stream(self.device))
         return ev
+
+    def new_event(self) -> Any:
+        """An event more (the free ones are all held)."""
+        self.created += 1
+        return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
     def share(self, ev: Any) -> None:
         """One holder more of ``ev``: it returns to the pool after every holder let go."""
@@ -94,7 +96,7 @@ class EventPool:
                 if more > 1:
                     holders[id(ev)] = more - 1
                 return
-        self._free.append(ev)
+        self.free.append(ev)
 
 
 def on_device(index: int | None) -> contextlib.AbstractContextManager[Any]:

@@ -78,6 +78,14 @@ class CudaMemoryTracker:
                 torch.cuda.reset_peak_memory_stats(device)
         return out
 
+    def sample_calls(self) -> tuple[Any, Any] | None:
+        """torch's two calls behind :meth:`sample` (the statistics, the peak reset, None
+        when peaks are not reset), for the C stamper (_stamp.c) to make them itself; None
+        where this torch lacks the private bindings (then only :meth:`sample` reads)."""
+        if self._raw is None or (self.reset_peaks and self._reset is None):
+            return None
+        return self._raw, self._reset if self.reset_peaks else None
+
     def current(self) -> tuple[int, int]:
         """Bytes allocated and reserved right now (for the OOM event)."""
         device = self.device

@@ -286,7 +286,7 @@ class Recorder(TraceEntries):
                 self._record(enter, self._defer)
                 self._record(leave, self._defer)
                 return
-            now = self._take_stamp()  # (the end's event and sample; the start's event)
+            now = self.stamper()()  # (the end's event and sample; the start's event)
             self._record_stamped(enter, (ev0, now[1], now[2]))
             self._record_stamped(leave, now)
         except Exception:

@@ -3,10 +3,11 @@
 A CUDA event has to be recorded, and the allocator's peak read, when the training
 thread passes a boundary; everything else (which step, which phases, what they hold)
 can wait. So once the device is timed the hooks still only log: each logged entry
-carries a *stamp* taken at the hook (:data:`Stamp`) as its last element
-(:class:`StampedLog`), and the step machine replays the log later on the thread that
-takes it (the worker, or the sidecar's feeder thread), using the stamp wherever the
-immediate path would record an event or read the allocator (:class:`BoundaryStamps`).
+carries a *stamp* taken at the hook (:data:`Stamp`; in one C call where _stamp.c
+builds) as its last element (:class:`StampedLog`), and the step machine replays the
+log later on the thread that takes it (the worker, or the sidecar's feeder thread),
+using the stamp wherever the immediate path would record an event or read the
+allocator (:class:`BoundaryStamps`).
 
 One event per boundary: the phase that ends there and the phase (or step) that begins
 there share it, so an event may be held by several rows. The pool counts its holders
@@ -17,7 +18,15 @@ A boundary whose event no row took is released as its entry is replayed.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from . import capture
+
+try:  # the stamp in one C call (_stamp.c); take_stamp below is the same in Python
+    from ._stamp import Stamper as NativeStamper
+except ImportError:  # (not built)
+    NativeStamper = None
 
 if TYPE_CHECKING:
     import torch  # (the training process's recorder binds it: machine._import_torch)
@@ -68,13 +77,37 @@ class BoundaryStamps:
     def __init__(self) -> None:
         self._stamp: Stamp | None = None
         self._stamp_used = False
+        self._stamp_taker: Any = None  # the stamper the hooks use (stamper())
+        self._taken = 0  # stamps take_stamp took
 
-    def _take_stamp(self) -> Stamp:
+    def take_stamp(self) -> Stamp:
         """(The hook's thread.) This boundary's event, on the bound device's stream of
         this thread, its allocator sample, and whether this thread runs on that device."""
+        self._taken += 1
         mem = self.memory
         on = torch.cuda.current_device() == self.device
         return (self.events.record(), mem.sample() if mem is not None else None, on)
+
+    def stamper(self) -> Callable[[], Stamp]:
+        """What takes the hooks' stamps: :meth:`take_stamp` in one C call (_stamp.c), or
+        the method itself where that is not built or this torch lacks the allocator's
+        private bindings (memory.CudaMemoryTracker.sample_calls)."""
+        if self._stamp_taker is None:
+            mem = self.memory
+            calls = mem.sample_calls() if mem is not None else (None, None)
+            if NativeStamper is None or calls is None:
+                self._stamp_taker = self.take_stamp
+            else:
+                self._stamp_taker = NativeStamper(
+                    pool=self.events, make=self.events.new_event, capture=capture,
+                    stream_of=torch.cuda.current_stream, get_device=torch.cuda.current_device,
+                    stats=calls[0], reset=calls[1], mem_device=None if mem is None else mem.device,
+                )  # fmt: skip
+        return self._stamp_taker  # type: ignore[no-any-return]
+
+    def stamps_taken(self) -> int:
+        """Stamps the hooks took (one a boundary with a time), either way."""
+        return self._taken + int(getattr(self._stamp_taker, "taken", 0))
 
     def _replay_stamped(self, item: tuple[Any, ...]) -> None:
         """Replay a stamped entry (its stamp is its last element); the event no row took

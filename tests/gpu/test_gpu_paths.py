@@ -176,7 +176,7 @@ def test_a_first_step_past_the_reanchor_interval(cuda: torch.device) -> None:
             a @ a
     torch.cuda.synchronize()
     assert otel_train.flush(timeout=30)
-    free = list(session.recorder.events._free)
+    free = list(session.recorder.events.free)
     assert len({id(e) for e in free}) == len(free), "an event is in the pool twice"
     _healthy()
     assert otel_train.shutdown(timeout=30)

@@ -62,7 +62,7 @@ def _steps(n: int, phases: tuple[str, ...] = ("forward", "backward")) -> None:
 
 def _no_event_twice(session: Any) -> None:
     """Every event is in one place: the pool's free list, an open record or the anchor."""
-    free = list(session.recorder.events._free)
+    free = list(session.recorder.events.free)
     assert len({id(e) for e in free}) == len(free), "an event is in the free list twice"
     held = []
     for step in session.recorder._pending:
@@ -250,7 +250,7 @@ def test_a_cuda_scalar_with_device_timing_off_is_read_only_once_copied(
     assert len(step_spans(tel.spans())) == 2
     assert value(tel, c.SCALAR.name, name="loss") == pytest.approx(2.5)
     # The copies' events went back to the pool (values.raw_scalar's were never released).
-    assert {id(e) for e in session.recorder.events._free} == {id(e) for e in rt.events}
+    assert {id(e) for e in session.recorder.events.free} == {id(e) for e in rt.events}
 
 
 def test_peaks_of_a_phase_survive_another_threads_boundary(rt: cuda_standin.Runtime) -> None:

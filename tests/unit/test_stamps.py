@@ -20,7 +20,6 @@ from otel_helpers import providers, sidecar_loop, step_spans, tiny_loader, tiny_
 import otel_train
 from otel_train import contract as c
 from otel_train.recording.machine import StepMachine
-from otel_train.recording.stamps import BoundaryStamps
 from otel_train.testing import InMemoryTelemetry
 
 
@@ -28,20 +27,6 @@ from otel_train.testing import InMemoryTelemetry
 def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[cuda_standin.Runtime]:
     with cuda_standin.installed(monkeypatch) as runtime:
         yield runtime
-
-
-@pytest.fixture
-def stamps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many stamps the hooks took (one a boundary with a time)."""
-    taken = [0]
-    take = BoundaryStamps._take_stamp
-
-    def counted(self: Any) -> Any:
-        taken[0] += 1
-        return take(self)
-
-    monkeypatch.setattr(BoundaryStamps, "_take_stamp", counted)
-    return taken
 
 
 @pytest.fixture
@@ -69,7 +54,7 @@ def _loop(epochs: int) -> tuple[Any, Any, Any]:
 
 
 def test_a_gpu_job_logs_one_event_and_one_memory_read_per_boundary(
-    rt: cuda_standin.Runtime, opened_on: list[str], stamps: list[int]
+    rt: cuda_standin.Runtime, opened_on: list[str]
 ) -> None:
     tel = InMemoryTelemetry()
     model, opt, loader = _loop(1)
@@ -82,14 +67,14 @@ def test_a_gpu_job_logs_one_event_and_one_memory_read_per_boundary(
     assert rec.stamping
     main = threading.current_thread().name
     before_opened = opened_on.count(main)
-    records, resets, taken = _records(rt), rt.resets[0], stamps[0]
+    records, resets, taken = _records(rt), rt.resets[0], rec.stamps_taken()
     epochs = 4
     for _ in range(epochs):
         train_epoch(model, opt, loader)
     steps = epochs * len(loader)
     per_step = (_records(rt) - records) / steps
     reads = (rt.resets[0] - resets) / steps
-    boundaries = (stamps[0] - taken) / steps
+    boundaries = (rec.stamps_taken() - taken) / steps
     print(
         f"per step: boundaries {boundaries:.2f}, events recorded {per_step:.2f}, "
         f"allocator reads {reads:.2f}"
@@ -110,7 +95,7 @@ def test_a_gpu_job_logs_one_event_and_one_memory_read_per_boundary(
         assert len(rows) == steps
         assert {s.attributes[c.PHASE_CLOCK.key] for s in rows} == {"device"}
     # Every event back in the pool but the clock's anchor: none lost, none twice.
-    free = list(rec.events._free)
+    free = list(rec.events.free)
     assert len({id(e) for e in free}) == len(free)
     assert len(free) >= rec.events.created - 1
 
