@@ -1,4 +1,4 @@
-"""One telemetry session per process: settings, recorder, worker and exports wired together.
+"""One telemetry session per process: settings, recorder, consumer and exports wired together.
 
 Created by the first ``instrument()``, ``configure()`` or bare ``step()``/``phase()``;
 ended by ``shutdown()`` (also registered with ``atexit``). One a bare call starts holds
@@ -17,28 +17,25 @@ import weakref
 from typing import Any, Protocol
 
 from . import session_end
-from .export.endpoint import bind_metrics_socket
 from .export.exporters import check_exporters, exports_traces
-from .export.logs import application_logger_provider
 from .export.record import RecordPlan
 from .export.record import plan as record_plan
-from .export.resource import metrics_port, rank, service_name
+from .export.resource import rank, service_name
 from .export.run_facts import record_run_facts
 from .export.setup import Telemetry, build_telemetry, builds_own, relayed_providers
-from .handover.feeder import PUMP_ENTRIES, PUMP_STEPS, Feeder, SidecarUnavailable
+from .handover.consumer import SidecarConsumer
+from .handover.feeder import PUMP_ENTRIES, PUMP_STEPS, SidecarUnavailable
 from .processing.efficiency import EfficiencyTracker
 from .processing.hang_details import LocalHangs, hang_label
 from .processing.source import StepSource
-from .processing.worker import Worker
 from .recording.debug_hooks import build_debug_hooks
-from .recording.device import now_offset_ns
 from .recording.notes import SummaryNotes
 from .recording.recorder import BUILT_WITH, Recorder
 from .recording.regions import RegionLog
 from .settings import ConfigError, Settings
 from .settings.verdicts import VerdictSettings
 from .signals import SigtermFlush
-from .wiring import build_consumer, prints_console
+from .wiring import Consumer, ThreadConsumer, prints_console
 
 __version__ = "0.2.0"
 _log = logging.getLogger("otel_train")
@@ -73,11 +70,7 @@ class Session:
         self.regions = RegionLog()
         self.notes = SummaryNotes()  # the run summary's lines from the adapters
         self._build_recording(settings)
-        self.feeder: Feeder | None = None
-        self.consumer = ""  # where the steps are consumed: "sidecar" or "thread" (logged once)
-        self.worker: Worker | None = None
-        self.telemetry: Telemetry | None = None
-        self._prometheus_address: tuple[str, int] | None = None
+        self.consumer: Consumer | None = None  # where the steps are consumed (chosen once)
         self.record: RecordPlan | None = None
         self.sigterm: SigtermFlush | None = None
         self.instrumentations: dict[int, Instrumented] = {}
@@ -99,8 +92,8 @@ class Session:
         )
 
     def start_exports(self, strict: bool = False) -> None:
-        """Build the export side (the sidecar, or a worker here) and start it; once.
-        ``strict``: for a configuration, what fails is raised; otherwise (a bare-call
+        """Build the export side (the consumer, in the sidecar or on a thread) and start
+        it; once. ``strict``: for a configuration, what fails is raised; otherwise (a bare-call
         session's start, on the recording thread or at exit) it is logged and the
         session records nothing more."""
         if self.exporting or self.closed:
@@ -119,55 +112,57 @@ class Session:
 
     def _build_exports(self) -> None:
         settings, (tracer_provider, meter_provider) = self.settings, self.given_providers
-        source = StepSource(self.recorder, self.notes)
         own = builds_own(tracer_provider, meter_provider)
         self.record = record_plan(settings, service_name(settings)) if own else None
-        relay = None if own else relayed_providers(tracer_provider, meter_provider)
-        if settings.sidecar == "auto" and (own or relay is not None):
-            try:
-                self._start_sidecar(settings, source, relay)
-            except SidecarUnavailable as err:
-                _log.warning(
-                    "otel-train: the sidecar process could not start (%s); its work runs on "
-                    "a thread of this process instead",
-                    err,
-                )
-                self.feeder = None
-                self.recorder.handover = None
-        if self.feeder is None:
-            self.recorder.no_backlog_taker()  # (the worker drains it on its own)
-            self.telemetry = build_telemetry(
-                settings, tracer_provider, meter_provider, __version__, self.record,
-                self.logger_provider,
-            )  # fmt: skip
-            consumer = build_consumer(
-                settings,
-                self.telemetry,
-                source,
-                self.efficiency,
-                __version__,
-                rank(),
-                now_offset_ns(),
-                hangs=LocalHangs(self.recorder, self.regions, self.hang_dir, hang_label()),
-            )
-            self.aggregator = consumer.aggregator
-            self.publisher = consumer.publisher
-            self.worker = consumer.worker
-            self.worker.on_wake = self.recorder.watch_cuda
-            self._prometheus_address = self.telemetry.prometheus_address
-        self.consumer = "sidecar" if self.feeder is not None else "thread"
-        _log.info("otel-train: steps are consumed on %s, exported by %s", self.consumer,
-                  "otel-train's SDK" if own else "the application's providers")  # fmt: skip
+        self.consumer = self._start_consumer(own)
         self._announce_record()
-        self._allow_carriers()
-        self._start(settings)
+        # Carriers name step spans whose ids the tracer takes (export/ids.py).
+        self.recorder.carriers = self.consumer.takes_carriers
+        self.consumer.start()
+        if settings.flush_on_sigterm:
+            self.sigterm = SigtermFlush(shutdown)
+            self.sigterm.install()
+
+    def _start_consumer(self, own: bool) -> Consumer:
+        """Where the steps are consumed, chosen here alone and said once: the sidecar
+        (with otel-train's own SDK there, or relaying to the application's SDK providers),
+        else a thread of this process: ``sidecar="off"``, providers the relay does not
+        serve, or a sidecar that could not start (then the line is a warning)."""
+        settings, (tracer_provider, meter_provider) = self.settings, self.given_providers
+        source = StepSource(self.recorder, self.notes)
+        relay = None if own else relayed_providers(tracer_provider, meter_provider)
+        level, why = logging.INFO, "the default"
+        if settings.sidecar == "off":
+            why = "sidecar='off'"
+        elif not own and relay is None:
+            why = "providers the sidecar's relay does not serve"
+        else:
+            try:
+                return self._said(SidecarConsumer(settings, source, self.efficiency,
+                                                  self.regions, __version__, self.record, relay,
+                                                  self.logger_provider), why, own)  # fmt: skip
+            except SidecarUnavailable as err:
+                level, why = logging.WARNING, f"the sidecar process could not start: {err}"
+                self.recorder.handover = None
+        telemetry = build_telemetry(settings, tracer_provider, meter_provider, __version__,
+                                    self.record, self.logger_provider)  # fmt: skip
+        hangs = LocalHangs(self.recorder, self.regions, self.hang_dir, hang_label())
+        consumer = ThreadConsumer(settings, telemetry, source, self.efficiency, __version__, hangs)
+        return self._said(consumer, why, own, level)
+
+    @staticmethod
+    def _said(consumer: Consumer, why: str, own: bool, level: int = logging.INFO) -> Consumer:
+        by = "otel-train's SDK" if own else "the application's providers"
+        _log.log(level, "otel-train: steps are consumed on %s (%s), exported by %s",
+                 consumer.where, why, by)  # fmt: skip
+        return consumer
 
     def _start_on_backlog(self) -> None:
         """A bare-call session's recorder holds enough to hand on: its exports start at
-        the settings it has (on the recording thread, as a feeder's pump would run)."""
+        the settings it has (on the recording thread, as a sidecar's pump would run)."""
         self.start_exports()
-        if self.feeder is not None:
-            self.feeder.pump()
+        if self.consumer is not None:
+            self.consumer.pump()
 
     def take_settings(self, settings: Settings, tracer_provider: Any, meter_provider: Any) -> None:
         """The first configure()/instrument() of a session bare calls started, before its
@@ -195,13 +190,6 @@ class Session:
         rec.flop_probe = None  # the tracker of these settings arms its own
         self.efficiency = EfficiencyTracker(settings, rec, self.regions, settings.throughput_window)
 
-    def _start(self, settings: Settings) -> None:
-        if self.worker is not None:
-            self.worker.start()
-        if settings.flush_on_sigterm:
-            self.sigterm = SigtermFlush(shutdown)
-            self.sigterm.install()
-
     def _announce_record(self) -> None:
         if self.record is not None and prints_console(self.settings, rank()):
             out = sys.stdout if self.settings.console == "stdout" else sys.stderr
@@ -213,44 +201,6 @@ class Session:
             compiled = self.efficiency.runs_compiled
             record_run_facts(self.record, self.settings, __version__, compiled)
 
-    def _allow_carriers(self) -> None:
-        """Carriers name step spans whose ids the tracer takes (export/ids.py): the
-        sidecar's own, or an SDK tracer here."""
-        emitter = self.worker.emitter if self.worker is not None else None
-        self.recorder.carriers = (
-            self.exports_traces and self.settings.trace_steps != "none"
-            if self.feeder is not None
-            else emitter is not None and emitter.ids is not None
-        )
-
-    def _start_sidecar(
-        self, settings: Settings, source: StepSource, relay: tuple[Any, Any] | None = None
-    ) -> None:
-        """``relay``: the application's (tracer, meter) providers, served from the sidecar
-        (sidecar/relay.py); None: the sidecar builds otel-train's own."""
-        check_exporters(settings)  # a bad exporter setting fails here, not in the sidecar
-        port = metrics_port(settings) if settings.prometheus and relay is None else None
-        sock = None
-        if port is not None:
-            sock = bind_metrics_socket(settings.prometheus_host, port, settings.prometheus_ranks)
-            self._prometheus_address = sock.getsockname()[:2]
-        self.feeder = Feeder(
-            source,
-            self.efficiency,
-            self.regions,
-            settings,
-            __version__,
-            now_offset_ns(),
-            sock,
-            self.record,
-            None if relay is None else (*relay, application_logger_provider(self.logger_provider)),
-        )
-        if relay is not None:  # the application's providers, fed here by the relay
-            self.telemetry = Telemetry(*relay, None)
-        else:  # what the sidecar builds, as seen from here (its providers live there)
-            self.telemetry = Telemetry(None, None, None, owned=True)
-        self.recorder.on_backlog(self.feeder.pump, PUMP_ENTRIES, PUMP_STEPS)
-
     @property
     def hang_dir(self) -> str:
         """Where a hang's Flight Recorder dump goes: the run record's directory, else
@@ -259,15 +209,27 @@ class Session:
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
-        return self._prometheus_address
+        return self.consumer.prometheus_address if self.consumer is not None else None
+
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """The providers, as seen from this process (None before the exports start)."""
+        return self.consumer.telemetry if self.consumer is not None else None
+
+    @property
+    def feeder(self) -> Any:
+        """The sidecar's feeder, for tests and benchmarks (None on a thread)."""
+        return self.consumer.feeder if self.consumer is not None else None
+
+    @property
+    def worker(self) -> Any:
+        """The consumer thread's worker, for tests and benchmarks (None in the sidecar)."""
+        return self.consumer.worker if self.consumer is not None else None
 
     @property
     def exports_traces(self) -> bool:
-        """Whether steps leave as spans (a tracer provider here, or the sidecar's OTLP
-        export or run record)."""
-        if self.feeder is not None and self.feeder.relay is None:
-            return self.exports_otlp or self.record is not None
-        return self.telemetry is not None and self.telemetry.tracer_provider is not None
+        """Whether steps leave as spans."""
+        return self.consumer is not None and self.consumer.exports_traces
 
     @property
     def exports_otlp(self) -> bool:
@@ -289,19 +251,16 @@ class Session:
                 pass
             rec = self.recorder
             rec.settle()  # (steps logged before it get their indices first)
-            index = rec.next_index
-            if self.feeder is not None:
-                self.feeder.trace_first_from(index)
-            elif self.worker is not None:
-                self.worker.sampler.trace_first_from(index)
+            if self.consumer is not None:
+                self.consumer.trace_first_from(rec.next_index)
         except Exception:  # telemetry's own error: that trace is lost, nothing else
             _log.exception("otel-train: marking an instrumentation's first step failed")
 
     def note_model(self, target: Any) -> None:
         """A model instrument() saw (the FLOP estimate and peak dtype need it)."""
         self.efficiency.note_model(target)
-        if self.feeder is not None:
-            self.feeder.note_model()
+        if self.consumer is not None:
+            self.consumer.note_model()
 
     def matches(self, settings: Settings | None, tracer_provider: Any, meter_provider: Any) -> bool:
         """Whether a later configure()/instrument() asks for this same session."""
@@ -318,9 +277,7 @@ class Session:
 
     def export_drops(self) -> dict[str, int]:
         """What the exporters dropped so far, by reason (the sidecar's, after a flush)."""
-        if self.feeder is not None:
-            return dict(self.feeder.stats.get("export_drops", {}))
-        return self.telemetry.drop_counts() if self.telemetry is not None else {}
+        return self.consumer.export_drops() if self.consumer is not None else {}
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Uninstrument everything, drain, print the summary, flush exports; bounded."""
@@ -480,8 +437,8 @@ def _after_fork_in_child() -> None:
     if session is not None:
         session.recorder.enabled = False
         session.closed = True
-        if session.feeder is not None:
-            session.feeder.forget()  # the parent's pipe: this child never writes to it
+        if session.consumer is not None:
+            session.consumer.forget()  # the parent's: this child never touches it
         _current = None
 
 

@@ -10,11 +10,8 @@ Usage (what Session.flush and Session.shutdown do)::
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
-
-_log = logging.getLogger("otel_train")
 
 
 def flush(session: Any, timeout_s: float) -> bool:
@@ -23,13 +20,8 @@ def flush(session: Any, timeout_s: float) -> bool:
     if session.closed:
         return True
     session.start_exports()
-    if session.feeder is not None:
-        return bool(session.feeder.flush(timeout_s))
-    if session.worker is None or session.telemetry is None:  # (its exports failed to start)
-        return False
-    deadline = time.monotonic() + timeout_s
-    session.worker.process()
-    return bool(session.telemetry.flush(deadline))
+    consumer = session.consumer  # (None: its exports failed to start)
+    return consumer is not None and bool(consumer.flush(timeout_s))
 
 
 def shutdown(session: Any, timeout_s: float | None = None) -> bool:
@@ -55,22 +47,10 @@ def shutdown(session: Any, timeout_s: float | None = None) -> bool:
         session.efficiency.probe.abort()  # a count still running (a step never ended)
     if rec.debug is not None:
         rec.debug.close()  # a profiler window cut short still writes its trace
-    if session.worker is None and session.feeder is None:  # (its exports failed to start)
+    consumer = session.consumer
+    if consumer is None:  # (its exports failed to start)
         return False
-    if session.feeder is not None:  # the sidecar drains, prints the summary and flushes
-        in_time = session.feeder.close(deadline, time.monotonic() + budget / 2)
-        rec.enabled = False
-        session.write_run_facts()  # (beside the record, now complete)
-        return bool(in_time)
-    assert session.worker is not None and session.telemetry is not None
-    # Half the budget for resolving and emitting, the rest for the exporters.
-    session.worker.stop(time.monotonic() + budget / 2)
-    rec.enabled = False
-    if session.settings.console != "off":
-        try:
-            session.worker.console.print_summary()
-        except Exception:
-            _log.exception("otel-train: printing the run summary failed")
-    exported = session.telemetry.shutdown(max(0.0, deadline - time.monotonic()))
+    # Half the budget for draining, the rest for the summary and the exporters.
+    ok = consumer.end(deadline, time.monotonic() + budget / 2)
     session.write_run_facts()  # (beside the record, now complete)
-    return bool(exported) and not session.worker.drops()  # (False whenever it dropped)
+    return bool(ok)

@@ -2,6 +2,7 @@
 on the threads named below, and hands the log over to the sidecar process
 (``otel_train/sidecar/``, a process of its own).
 
+- consumer.py: the sidecar as the session's consumer (wiring.Consumer), over the feeder;
 - feeder.py: the hand-over, on the training thread when its log or ring asks and on the
   ``otel-train-feeder`` thread every 100 ms (the ring's news, the sidecar's requests);
 - raw.py: the raw hand-over's sessions: the hooks write the shared-memory ring
