@@ -154,6 +154,13 @@ class Worker:
 
     # -- processing --------------------------------------------------------------------
 
+    def process_waiting(self, deadline: float) -> None:
+        """Every step waiting now, a large delivery's rest included, by ``deadline``
+        (monotonic seconds): a flush. process() takes at most MAX_BLOCKS blocks."""
+        self.process()
+        while self._rest and not self.failed and time.monotonic() < deadline:
+            self.process()
+
     def process(self) -> int:
         if self.failed:
             return 0

@@ -200,7 +200,7 @@ class Agent:
         """Every step that arrived in the metrics, its spans exported; bounded (with the
         relay: sent back, the training process flushes its providers itself)."""
         deadline = time.monotonic() + timeout_s
-        self.worker.process()
+        self.worker.process_waiting(deadline)
         if self.relay is not None:  # (all of it in the pipe before the answer)
             send_metrics(self.relay, self.worker.agg)
             self._drain_relay(deadline)
