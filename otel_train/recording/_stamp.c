@@ -205,6 +205,86 @@ static PyTypeObject StamperType = {
     .tp_members = Stamper_members,
 };
 
+/* -- the stamped log's append (stamps.py: StampedLog, a subclass of this) ------------
+ * A collections.deque whose append adds the stamp to an entry with a time (its second
+ * field, non-zero): ``take_stamp`` is read from the instance, deque's own append does
+ * the rest. One C call where a Python ``append`` would be a frame a boundary. */
+
+static PyObject *deque_append; /* collections.deque.append, the method descriptor */
+static PyObject *s_take_stamp;
+
+static PyObject *StampedDeque_append(PyObject *self, PyObject *item) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2) {
+        PyErr_SetString(PyExc_TypeError, "a log entry is a tuple (stack, time, ...)");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(item);
+    int timed = PyObject_IsTrue(PyTuple_GET_ITEM(item, 1));
+    if (timed < 0) return NULL;
+    PyObject *stamp;
+    if (timed) {
+        PyObject *take = PyObject_GetAttr(self, s_take_stamp);
+        if (take == NULL) return NULL;
+        stamp = PyObject_CallNoArgs(take);
+        Py_DECREF(take);
+        if (stamp == NULL) return NULL;
+    } else {
+        stamp = Py_NewRef(Py_None);
+    }
+    PyObject *entry = PyTuple_New(n + 1);
+    if (entry == NULL) {
+        Py_DECREF(stamp);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(item, i);
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(entry, i, v);
+    }
+    PyTuple_SET_ITEM(entry, n, stamp);
+    PyObject *args[2] = {self, entry};
+    PyObject *r = PyObject_Vectorcall(deque_append, args, 2, NULL);
+    Py_DECREF(entry);
+    return r;
+}
+
+static PyMethodDef StampedDeque_methods[] = {
+    {"append", (PyCFunction)StampedDeque_append, METH_O,
+     "append(entry): the entry with its stamp (self.take_stamp()) when it has a time."},
+    {NULL},
+};
+
+static PyType_Slot StampedDeque_slots[] = {
+    {Py_tp_methods, StampedDeque_methods},
+    {Py_tp_doc, "A deque whose append stamps entries with a time (stamps.py: StampedLog)."},
+    {0, NULL},
+};
+
+static PyType_Spec StampedDeque_spec = {
+    .name = "otel_train.recording._stamp.StampedDeque",
+    .basicsize = 0,
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = StampedDeque_slots,
+};
+
+static int add_stamped_deque(PyObject *m) {
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL) return -1;
+    PyObject *deque = PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    if (deque == NULL) return -1;
+    deque_append = PyObject_GetAttrString(deque, "append");
+    PyObject *type = deque_append ? PyType_FromSpecWithBases(&StampedDeque_spec, deque) : NULL;
+    Py_DECREF(deque);
+    if (type == NULL) return -1;
+    if (PyModule_AddObject(m, "StampedDeque", type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_stamp", "A boundary's stamp in C (see stamps.py).", -1, NULL,
 };
@@ -217,7 +297,7 @@ PyMODINIT_FUNC PyInit__stamp(void) {
         {&s_active, "active"},       {&s_device, "device"},   {&s_record, "record"},
         {&s_allocated, "allocated_bytes"}, {&s_reserved, "reserved_bytes"},
         {&s_all, "all"},             {&s_peak, "peak"},       {&s_retries, "num_alloc_retries"},
-        {&s_ooms, "num_ooms"},
+        {&s_ooms, "num_ooms"},       {&s_take_stamp, "take_stamp"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);
@@ -229,6 +309,10 @@ PyMODINIT_FUNC PyInit__stamp(void) {
     Py_INCREF(&StamperType);
     if (PyModule_AddObject(m, "Stamper", (PyObject *)&StamperType) < 0) {
         Py_DECREF(&StamperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (add_stamped_deque(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

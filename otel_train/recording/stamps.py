@@ -23,10 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from . import capture
 
-try:  # the stamp in one C call (_stamp.c); take_stamp below is the same in Python
+
+class PythonStampedDeque(collections.deque):  # type: ignore[type-arg]
+    """_stamp.c's ``StampedDeque`` in Python (the reference, and the fallback where that
+    is not built): ``append`` adds ``self.take_stamp()`` to an entry with a time."""
+
+    take_stamp: Callable[[], Any]
+
+    def append(self, item: tuple[Any, ...]) -> None:
+        collections.deque.append(self, (*item, self.take_stamp() if item[1] else None))
+
+
+try:  # the stamp and the stamped append in one C call each (_stamp.c)
+    from ._stamp import StampedDeque
     from ._stamp import Stamper as NativeStamper
-except ImportError:  # (not built)
+except ImportError:  # (not built: take_stamp and PythonStampedDeque, the same in Python)
     NativeStamper = None
+    StampedDeque = PythonStampedDeque
 
 if TYPE_CHECKING:
     import torch  # (the training process's recorder binds it: machine._import_torch)
@@ -46,20 +59,18 @@ def import_torch() -> None:
     import torch
 
 
-class StampedLog(collections.deque):  # type: ignore[type-arg]
-    """The deferred log of a process whose device is timed: ``append`` adds the stamp
-    to an entry with a time (hooks read the clock; entries at time 0, counts and
-    scalars, get none). Only the training process's threads append; the log is read
-    under the recorder's lock, as the plain one is."""
+class StampedLog(StampedDeque):  # type: ignore[misc]
+    """The deferred log of a process whose device is timed: ``append`` (C, or
+    :class:`PythonStampedDeque`'s) adds the stamp to an entry with a time (hooks read
+    the clock; entries at time 0, counts and scalars, get none). Only the training
+    process's threads append; the log is read under the recorder's lock, as the plain
+    one is."""
 
     def __init__(self, stamp: Any, earlier: collections.deque[Any]) -> None:
         super().__init__()
         self.take_stamp = stamp
         for item in earlier:  # (logged before stamps began: host time)
             collections.deque.append(self, (*item, UNSTAMPED if item[1] else None))
-
-    def append(self, item: tuple[Any, ...]) -> None:
-        collections.deque.append(self, (*item, self.take_stamp() if item[1] else None))
 
     def append_stamped(self, item: tuple[Any, ...], stamp: Stamp) -> None:
         """An entry whose stamp was taken before (a boundary placed after the fact)."""

@@ -7,6 +7,7 @@ Against the stand-in runtime (tests/unit/cuda_standin.py)."""
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 
 from otel_train.recording import capture
 from otel_train.recording.recorder import Recorder
-from otel_train.recording.stamps import NativeStamper
+from otel_train.recording.stamps import UNSTAMPED, NativeStamper, PythonStampedDeque, StampedLog
 from otel_train.settings import Settings
 
 
@@ -111,3 +112,25 @@ def test_an_error_in_a_call_reaches_the_caller(
     with pytest.raises(RuntimeError, match="allocator statistics"):
         rec.stamper()()
     assert rec.stamps_taken() == 0 and len(rec.events.free) == free
+
+
+def test_the_c_stamped_append_is_the_python_one(rt: cuda_standin.Runtime) -> None:
+    """StampedLog's append (C) against stamps.PythonStampedDeque's: a stamp for an entry
+    with a time, None for one at time 0; an entry that is not a tuple is refused."""
+
+    class Reference(PythonStampedDeque):
+        def __init__(self) -> None:
+            super().__init__()
+            self.take_stamp = iter(range(100)).__next__
+
+    native = StampedLog(iter(range(100)).__next__, collections.deque([("s", 5, 1), ("s", 0)]))
+    ref = Reference()
+    entries = [("s", 7, 2, "name"), ("s", 0, 3), ("s", 9, 4, None)]
+    for entry in entries:
+        native.append(entry)
+        ref.append(entry)
+    assert list(ref) == [("s", 7, 2, "name", 0), ("s", 0, 3, None), ("s", 9, 4, None, 1)]
+    # (entries logged before stamps began: host time, or no stamp at time 0)
+    assert list(native) == [("s", 5, 1, UNSTAMPED), ("s", 0, None), *ref]
+    with pytest.raises(TypeError):
+        native.append(["s", 1])
