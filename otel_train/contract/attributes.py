@@ -238,6 +238,9 @@ RUN_SETTINGS = AttributeSpec(
     "(where the telemetry goes left out: endpoints, host, port, directories, names).",
 )
 RUN_FACTS = (RUN_TORCH_VERSION, RUN_TORCH_COMPILE, RUN_VERSION, RUN_SETTINGS)
+# The run facts known when the process starts: resource attributes of otel-train's own SDK
+# too (the compile state is known later: metrics.TORCH_COMPILED).
+START_FACTS = (RUN_TORCH_VERSION, RUN_VERSION, RUN_SETTINGS)
 RESOURCE_ATTRIBUTES = (
     AttributeSpec(
         "service.name",
@@ -263,6 +266,7 @@ RESOURCE_ATTRIBUTES = (
     RESOURCE_JOB,
     RESOURCE_ROLE,
     RESOURCE_CONSUMER,
+    *START_FACTS,
     AttributeSpec("k8s.pod.name", "string", "", "K8S_POD_NAME (downward API), when set."),
     AttributeSpec("k8s.namespace.name", "string", "", "K8S_NAMESPACE_NAME, when set."),
     AttributeSpec("k8s.node.name", "string", "", "K8S_NODE_NAME (spec.nodeName), when set."),

@@ -15,6 +15,7 @@ from .metrics import (
     DURATION_MAX_SIZE,
     METRIC_ATTRIBUTES,
     METRICS,
+    TORCH_COMPILED,
 )
 from .prometheus import prometheus_base_name
 from .schema import DEPRECATED_METRICS, REMOVED_IN, SCHEMA_URL, SCHEMA_VERSION
@@ -75,7 +76,10 @@ def _spans_section() -> list[str]:
     for a in RESOURCE_ATTRIBUTES:
         out.append(f"| `{a.key}` | {a.type} | {a.description} |")
     out += ["", "## Run facts", "", "Each rank's `rank<R>.run.json` in the run record, written "
-            "at shutdown (`otel-train compare` lists those that differ).", ""]  # fmt: skip
+            "at shutdown (`otel-train compare` lists those that differ). For a job in a live "
+            "stack: those known at start are resource attributes above (Prometheus holds "
+            "them on `target_info`), and whether a model ran under torch.compile is the "
+            f"`{TORCH_COMPILED.name}` gauge.", ""]  # fmt: skip
     out += ["| key | type | description |", "|---|---|---|"]
     out += [f"| `{a.key}` | {a.type} | {a.description} |" for a in RUN_FACTS]
     return out

@@ -203,6 +203,13 @@ COLLECTIVE_WAITING = MetricSpec(
     "all-reduce at the end of backward), else 0: a stalled rank at 0 whose peers are stalled "
     "at 1 holds the job.",
 )
+TORCH_COMPILED = MetricSpec(
+    "otel_train.torch.compiled",
+    "gauge",
+    "1",
+    "1 once a model of this process ran under torch.compile, else 0 (the run fact "
+    "otel_train.torch.compile, for a job read from a live stack).",
+)
 
 METRICS = (
     STEP_DURATION,
@@ -228,4 +235,5 @@ METRICS = (
     PROGRESS_AGE,
     PROGRESS_LIMIT,
     COLLECTIVE_WAITING,
+    TORCH_COMPILED,
 )

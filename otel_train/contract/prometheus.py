@@ -8,6 +8,10 @@ import re
 
 from .specs import MetricSpec
 
+# The series on which Prometheus's OTLP receiver keeps a resource's attributes that are not
+# promoted to labels of every series (one per job and instance, its value 1).
+TARGET_INFO = "target_info"
+
 # --- Prometheus name translation ---------------------------------------------
 
 _UNIT_WORDS = {

@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource, ResourceDetector
 from .. import contract as c
 from ..identity import env_int, env_str, local_rank, node_rank, rank, run_id, world_size
 from ..settings import DEFAULT_SERVICE_NAME, Settings
+from .run_facts import start_facts
 
 # The ranks are read in identity.py; re-exported here under their old names.
 __all__ = [
@@ -86,9 +87,12 @@ def host_name() -> str:
     return env_str("K8S_NODE_NAME", "SLURMD_NODENAME") or socket.gethostname()
 
 
-def build_resource(settings: Settings, consumer: str | None = None) -> Resource:
-    """``consumer``: where this SDK's steps are consumed ("sidecar" or "thread"), for
-    otel-train's own SDK."""
+def build_resource(
+    settings: Settings, consumer: str | None = None, version: str | None = None
+) -> Resource:
+    """``consumer``: where this SDK's steps are consumed ("sidecar" or "thread"), and
+    ``version``: otel-train's, with the other run facts known at start, for otel-train's
+    own SDK."""
     ranks = rank_attributes()
     attrs: dict[str, object] = {
         "service.instance.id": instance_id(ranks),
@@ -99,6 +103,9 @@ def build_resource(settings: Settings, consumer: str | None = None) -> Resource:
         attrs[c.RESOURCE_ROLE.key] = settings.role
     if consumer is not None:
         attrs[c.RESOURCE_CONSUMER.key] = consumer
+    if version is not None:
+        facts = start_facts(settings, version)
+        attrs.update({k: v for k, v in facts.items() if v is not None})
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     elif not _environment_names_service():

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import contract as c
@@ -48,14 +51,19 @@ def changed_settings(settings: Settings) -> str:
 
 
 def torch_version() -> str | None:
-    """torch's version: the imported module's, else the installed distribution's (the
-    sidecar never imports torch); None when neither is there."""
+    """``torch.__version__``, read without importing torch where it is not imported (the
+    sidecar never imports it): from the package's generated ``torch/version.py`` (the
+    distribution's version lacks the local part, ``+cu132``), else the distribution's;
+    None when torch is not installed."""
     torch = sys.modules.get("torch")
     if torch is not None:
         return str(getattr(torch, "__version__", "")) or None
     try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec("torch")
+        text = Path(spec.origin).with_name("version.py").read_text() if spec and spec.origin else ""
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        return found.group(1) if found else importlib.metadata.version("torch")
+    except (OSError, ImportError, ValueError):
         return None
 
 

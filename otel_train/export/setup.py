@@ -243,7 +243,7 @@ def build_own(
 ) -> Telemetry:
     """Rule 3: otel-train's own providers (``metrics_socket``: /metrics already bound;
     ``consumer``: where they run, "thread" or "sidecar", a resource attribute)."""
-    resource = build_resource(settings, consumer)
+    resource = build_resource(settings, consumer, version)
     bridge = HistogramBridge(resource, version)
     readers: list[Any] = []
     processors: list[SpanBatcher] = []

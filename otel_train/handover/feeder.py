@@ -266,10 +266,12 @@ class Feeder:
         rec = self.source.recorder
         cuda = rec.memory is not None or rec.device_timed
         hint = rec.precision_hint  # (an adapter may see autocast after the first step)
+        known = self._facts
         if (
-            self._facts is not None
-            and (self._facts[2] is not None or not cuda)
+            known is not None
+            and (known.device is not None or not cuda)
             and hint == self._hint
+            and known.compiled == self.efficiency.runs_compiled()
         ):
             return None  # known (and CUDA, whose device name is a fact, is not in use yet)
         self._hint = hint

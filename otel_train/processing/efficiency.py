@@ -18,9 +18,10 @@ Runs on the worker thread, once per resolved step, under the aggregator's lock.
   checkpoint (regions marked with ``otel_train.region()`` or by the trainer adapters)
   and other (everything outside steps and regions).
 
-Exported: achieved FLOP/s and MFU over the window, and the wall time's split as the
-``run.time`` counters. Data stall and goodput are on step spans, the console and the run
-summary, and in PromQL from ``run.time`` (``contract.DERIVED``): no gauge of their own.
+Exported: achieved FLOP/s and MFU over the window, the wall time's split as the
+``run.time`` counters, and whether a model ran under torch.compile (``torch.compiled``).
+Data stall and goodput are on step spans, the console and the run summary, and in PromQL
+from ``run.time`` (``contract.DERIVED``): no gauge of their own.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import contract as c
 from ..recording.flop_counts import CountResult, FlopKey, parameter_count
@@ -95,6 +96,16 @@ def _dynamo_graphs() -> int:
         return 0
 
 
+class ModelFacts(NamedTuple):
+    """What the figures need of the training process's models and device (the sidecar
+    gets them with its deliveries: :meth:`EfficiencyTracker.take_facts`)."""
+
+    parameters: int  # trainable
+    dtype: str  # the parameters' dtype label ("" when unsure)
+    device: str | None  # the CUDA device's name when CUDA is in use
+    compiled: bool = False  # a model ran under torch.compile
+
+
 class EfficiencyTracker:
     def __init__(
         self,
@@ -122,8 +133,9 @@ class EfficiencyTracker:
 
                 self.probe = FlopProbe(recorder, settings.flops_count_step, skip=self._compiled)
                 recorder.flop_probe = self.probe
-        # (parameters, dtype label, device name) known in another process (the sidecar's)
-        self.model_facts: tuple[int, str, str | None] | None = None
+        # The model facts known in another process (the sidecar's; until the first
+        # delivery's, a plain (parameters, dtype label, device name) tuple).
+        self.model_facts: ModelFacts | tuple[int, str, str | None] | None = None
         self._recorder = recorder
         self._graphs_at_start = _dynamo_graphs()
         self._counted: dict[FlopKey, float] = {}
@@ -158,10 +170,10 @@ class EfficiencyTracker:
         """After an error computing the figures: none are shown or exported again."""
         self.failed = True
 
-    def take_facts(self, facts: tuple[int, str, str | None]) -> None:
-        """(The sidecar.) The training process's model facts (parameters, precision,
-        device name): the parameter count is read from them from now on."""
-        self.model_facts = facts
+    def take_facts(self, facts: ModelFacts) -> None:
+        """(The sidecar.) The training process's model facts: the parameter count and
+        whether a model ran compiled are read from them from now on."""
+        self.model_facts = ModelFacts(*facts)
         self._params = None
 
     def note_model(self, target: Any) -> None:
@@ -176,19 +188,22 @@ class EfficiencyTracker:
             if bind is not None:
                 bind(_cuda_index(model))
 
-    def facts(self) -> tuple[int, str, str | None]:
-        """What the figures need of the models and device: (trainable parameters, the
-        parameters' dtype label, the CUDA device's name when CUDA is in use)."""
+    def facts(self) -> ModelFacts:
+        """What the figures need of the models and device."""
         name = None
         if _cuda_in_use():
             try:
                 name = _device_name()
             except Exception:
                 name = None
-        return parameter_count(self.models), self._model_dtype(), name
+        return ModelFacts(parameter_count(self.models), self._model_dtype(), name, self._compiled())
 
     def runs_compiled(self) -> bool:
-        """Whether a model ran under torch.compile (the run facts say so)."""
+        """Whether a model ran under torch.compile (the run facts and the TORCH_COMPILED
+        gauge say so): in the sidecar, as the training process's facts last said."""
+        facts = self.model_facts
+        if facts is not None:
+            return isinstance(facts, ModelFacts) and facts.compiled
         return self._compiled()
 
     def _compiled(self) -> bool:
@@ -304,11 +319,12 @@ class EfficiencyTracker:
         self.publish_goodput(agg)
 
     def publish_goodput(self, agg: MetricsAggregator | None) -> None:
-        """Export the wall time's split (goodput.py) and the windowed gauges (once per
-        batch of steps: gauges are read at collection time)."""
+        """Export the wall time's split (goodput.py), the windowed gauges and the compile
+        state (once per batch of steps: gauges are read at collection time)."""
         if agg is None:
             return
         self._publish_window(agg)
+        agg.set(c.TORCH_COMPILED.name, (), 1.0 if self.runs_compiled() else 0.0)
         if self.goodput.first is None:
             return
         exported = self._exported

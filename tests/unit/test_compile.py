@@ -10,6 +10,7 @@ compile (our hooks are traced by Dynamo in that order).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from torch._dynamo.utils import counters
 
 import otel_train
 from otel_train import contract as c
+from otel_train.runs.record_data import load_run
 from otel_train.testing import InMemoryTelemetry
 
 STEPS = 6
@@ -151,6 +153,30 @@ def test_module_compile_in_place_after_instrument() -> None:
     otel_train.shutdown()
     assert seen == expected
     assert step_count(tel) == STEPS
+
+
+@pytest.mark.parametrize("consumer", ["sidecar", "thread"])
+def test_the_compile_state_is_exported_once_a_compiled_forward_ran(
+    consumer: str, tmp_path: Path
+) -> None:
+    """otel_train.torch.compiled (the live stack's torch.compile run fact), as otel-train's
+    own SDK exports it: 0 while the model runs eagerly, 1 once it ran compiled (the
+    sidecar told of the change by the training process)."""
+    model, opt = model_and_optimizer()
+    otel_train.instrument(model, optimizer=opt, console="off", prometheus=False,
+                          run_dir=str(tmp_path), metric_export_interval=0.1,
+                          sidecar="auto" if consumer == "sidecar" else "off")  # fmt: skip
+    assert (otel_train.session.current().feeder is not None) == (consumer == "sidecar")
+    for x, y in tiny_loader(n=8 * 2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert otel_train.flush()
+    train(compile_with_counter(model), opt, tiny_loader(n=8 * 2))
+    assert otel_train.shutdown()
+    (rank,) = load_run(str(tmp_path)).ranks
+    key = (c.TORCH_COMPILED.name, ())
+    seen = [snap.values[key] for snap in rank.snapshots if key in snap.values]
+    assert seen[0] == 0.0 and seen[-1] == 1.0, seen
 
 
 def test_dynamo_explain_finds_no_break_in_an_instrumented_module() -> None:

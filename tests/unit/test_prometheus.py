@@ -175,6 +175,10 @@ def test_exposition_format_is_exact(served: tuple[str, int]) -> None:
     (target_info,) = [ln for ln in lines if ln.startswith("target_info{")]
     assert 'otel_train_rank="0"' in target_info
     assert 'service_name="otel-train"' in target_info
+    assert f'otel_train_version="{otel_train.__version__}"' in target_info
+    assert f'otel_train_torch_version="{torch.__version__}"' in target_info
+    compiled = c.prometheus_base_name(c.TORCH_COMPILED, source="scrape")
+    assert f"{compiled}{{{SCOPE_LABELS}}} 0.0" in lines
 
 
 def test_metrics_endpoint_stops_at_shutdown(served: tuple[str, int]) -> None:

@@ -12,6 +12,7 @@ import torch
 import otel_train
 from otel_train import contract as c
 from otel_train.export import resource
+from otel_train.export.run_facts import run_facts
 from otel_train.settings import ConfigError, Settings
 
 LAUNCH_VARS = (
@@ -30,12 +31,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def attrs_of(
-    settings: Settings | None = None, consumer: str | None = None, **env: str
+    settings: Settings | None = None,
+    consumer: str | None = None,
+    version: str | None = None,
+    **env: str,
 ) -> dict[str, object]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        return dict(resource.build_resource(settings or Settings(), consumer).attributes)
+        return dict(resource.build_resource(settings or Settings(), consumer, version).attributes)
 
 
 def test_torchrun_variables() -> None:
@@ -86,11 +90,34 @@ def test_every_resource_attribute_is_in_the_contract() -> None:
     a = attrs_of(
         Settings(role="generator"),
         "sidecar",
+        "9.9",
         RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", GROUP_RANK="0", TORCHELASTIC_RUN_ID="r",
         K8S_POD_NAME="p", K8S_NAMESPACE_NAME="n", K8S_NODE_NAME="x", K8S_JOB_NAME="j",
     )  # fmt: skip
     ours = set(a) - {"telemetry.sdk.language", "telemetry.sdk.name", "telemetry.sdk.version"}
     assert ours == {spec.key for spec in c.RESOURCE_ATTRIBUTES}
+
+
+def test_own_sdk_resource_carries_the_run_facts_known_at_start() -> None:
+    """The record's run facts but the compile state (known later), on the resource of
+    otel-train's own SDK: where the telemetry goes and names stay off it."""
+    settings = Settings.resolve({"trace_steps": "all", "otlp_endpoint": "http://u:p@h:4318",
+                                 "run_dir": "/data/runs", "service_name": "svc"})  # fmt: skip
+    a = attrs_of(settings, "thread", "9.9")
+    facts = run_facts(settings, "9.9", compiled=True)
+    assert (
+        {k: a[k] for k in facts if k in a}
+        == {
+            c.RUN_TORCH_VERSION.key: torch.__version__,
+            c.RUN_VERSION.key: "9.9",
+            c.RUN_SETTINGS.key: "trace_steps='all'",
+        }
+        == {k: facts[k] for k in facts if k != c.RUN_TORCH_COMPILE.key}
+    )
+    assert not any("u:p@h" in str(v) or "/data/runs" in str(v) for v in a.values())
+    assert attrs_of(Settings(), "thread", "9.9")[c.RUN_SETTINGS.key] == ""
+    # An SDK otel-train did not build (no version given) carries none of them.
+    assert not {spec.key for spec in c.START_FACTS} & set(attrs_of(settings))
 
 
 def test_instance_id_is_unique_per_rank_and_stable_for_a_restarted_rank() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -64,3 +66,12 @@ def test_no_directory_no_facts(tmp_path: Path) -> None:
     shared.mkdir()
     shared.chmod(0o777)  # others can write to it: not the record's own
     assert not write_run_facts(_plan(shared), {"x": 1})
+
+
+def test_torch_version_without_importing_torch_is_torch_s_own() -> None:
+    """The sidecar never imports torch: the version it puts on the resource is the one the
+    training process's torch.__version__ says (the local part, such as +cu132, kept)."""
+    code = ("import sys; from otel_train.export.run_facts import torch_version; "
+            "print(torch_version(), 'torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [torch.__version__, "False"]
