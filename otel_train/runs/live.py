@@ -7,8 +7,10 @@ a process (its service and ``instance``, the resource's service.instance.id) at 
 are one snapshot, as a line of its record is. A series' labels map back to the contract: its
 name to the metric's (``prometheus_base_name``), the metric's attributes to theirs, the
 promoted resource attributes (rank, run id, role, service) to the process's resource;
-native histograms to :class:`~.histogram.Histogram`. The run's generators (role
-generator, the same ``otel_train_job``) are its other processes. Jaeger gives the
+native histograms to :class:`~.histogram.Histogram`. A process's run facts (its record's
+``run.json``) come from its ``target_info`` (the facts known at start, resource
+attributes of otel-train's own SDK) and its last ``torch.compiled`` value. The run's
+generators (role generator, the same ``otel_train_job``) are its other processes. Jaeger gives the
 traces of the job's service with every span of them, a generator's too, each under its
 process's resource.
 """
@@ -45,10 +47,7 @@ def _get(url: str, timeout_s: float = 30.0) -> str:
         raise OSError(f"cannot read {url.split('?')[0]}: {err.reason}") from None
 
 
-def _series(prometheus: str, selector: str, end: float, seconds: float) -> list[dict[str, Any]]:
-    """Every contract series matching ``selector`` with its raw samples over the range."""
-    names = "|".join(sorted(_NAMES))
-    query = f'{{__name__=~"{names}", otel_train_source="", {selector}}}[{int(seconds)}s]'
+def _query(prometheus: str, query: str, end: float) -> list[dict[str, Any]]:
     url = f"{prometheus.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode(
         {"query": query, "time": f"{end:.3f}"}
     )
@@ -56,6 +55,44 @@ def _series(prometheus: str, selector: str, end: float, seconds: float) -> list[
     if body.get("status") != "success":
         raise ValueError(f"{prometheus}: {body.get('error', body)}")
     return list(body["data"]["result"])
+
+
+def _series(prometheus: str, selector: str, end: float, seconds: float) -> list[dict[str, Any]]:
+    """Every contract series matching ``selector`` with its raw samples over the range."""
+    names = "|".join(sorted(_NAMES))
+    query = f'{{__name__=~"{names}", otel_train_source="", {selector}}}[{int(seconds)}s]'
+    return _query(prometheus, query, end)
+
+
+def _target_info(
+    prometheus: str, selector: str, end: float, seconds: float
+) -> list[dict[str, Any]]:
+    """The job's ``target_info`` series as last seen in the range (their labels)."""
+    query = f'last_over_time({c.TARGET_INFO}{{otel_train_source="", {selector}}}[{int(seconds)}s])'
+    return _query(prometheus, query, end)
+
+
+def start_facts(labels: dict[str, str]) -> dict[str, Any]:
+    """The run facts known at start from a ``target_info``'s labels; none when its
+    process's SDK was not otel-train's own (no version). Prometheus keeps no empty label:
+    the settings absent read as none changed."""
+    if _label(c.RUN_VERSION.key) not in labels:
+        return {}
+    out = {spec.key: labels.get(_label(spec.key)) for spec in c.START_FACTS}
+    out[c.RUN_SETTINGS.key] = out[c.RUN_SETTINGS.key] or ""
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def add_facts(ranks: list[RankRecord], infos: list[dict[str, Any]]) -> None:
+    """Each process's run facts: those known at start from its ``target_info`` (by
+    instance), whether it ran compiled from its last ``torch.compiled`` value."""
+    by_instance = {s["metric"].get("instance"): start_facts(s["metric"]) for s in infos}
+    compiled = (c.TORCH_COMPILED.name, ())
+    for rec in ranks:
+        rec.facts.update(by_instance.get(rec.resource.get("service.instance.id")) or {})
+        values = [snap.values[compiled] for snap in rec.snapshots if compiled in snap.values]
+        if values:
+            rec.facts[c.RUN_TORCH_COMPILE.key] = bool(values[-1])
 
 
 def _histogram(h: dict[str, Any]) -> Histogram:
@@ -146,12 +183,14 @@ def fetch_run(prometheus: str, jaeger: str | None, job: str, seconds: float,
     ranks = records(_series(prometheus, f'job="{job}"', end, seconds))
     if not ranks:
         raise ValueError(f"{prometheus}: no series of job {job!r} in the last {seconds:g} s")
+    add_facts(ranks, _target_info(prometheus, f'job="{job}"', end, seconds))
     runs = sorted({str(r.resource[c.RESOURCE_JOB.key]) for r in ranks
                    if r.resource.get(c.RESOURCE_JOB.key)})  # fmt: skip
     run = Run([r for r in ranks if not is_other(r)], [r for r in ranks if is_other(r)])
     if runs:
-        chosen = "|".join(re.escape(x) for x in runs)
-        selector = f'otel_train_role="generator", otel_train_job=~"{chosen}"'
+        # A PromQL string (json.dumps doubles the backslashes re.escape wrote).
+        chosen = json.dumps("|".join(re.escape(x) for x in runs))
+        selector = f'otel_train_role="generator", otel_train_job=~{chosen}'
         known = {r.prefix for r in run.others}
         run.others += [r for r in records(_series(prometheus, selector, end, seconds))
                        if r.prefix not in known]  # fmt: skip

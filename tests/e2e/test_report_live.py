@@ -3,11 +3,13 @@ the RL example with a generator process exports over OTLP and writes its run rec
 too; the page made from the live stack holds what the page made from the records holds
 (one implementation draws both): the run summary with the generator's ``rollout
 [generator]`` row, line for line; every chart's run figures; the traced steps'
-waterfalls with the generator's rollouts in them. Bad use is a clear error.
+waterfalls with the generator's rollouts in them. Bad use is a clear error. ``compare``
+of two live jobs whose set-up differs names what differs, as it does for their records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scratch import job_env
 from stack_helpers import ROOT, jaeger_traces, poll, prom, running_stack
 
 from otel_train import contract as c
@@ -26,6 +29,7 @@ from otel_train import contract as c
 pytestmark = pytest.mark.stack
 ITERATIONS = 40
 GAUGES = ("memory", "mfu", "tflops")  # charts of gauges
+COMPARE_JOB = ROOT / "tests" / "unit" / "compare_job.py"
 
 
 def _page_data(path: Path) -> dict[str, Any]:
@@ -43,6 +47,47 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 def _compare(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "otel_train.cli", "compare", *args, "--json"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def _exported(stack: dict[str, Any], service: str, steps: int) -> None:
+    """Wait for the job's last steps in Prometheus and its traced steps in Jaeger."""
+    query = f'{c.prometheus_base_name(c.STEPS)}{{job="{service}"}}'
+
+    def counted() -> bool:
+        found = prom(stack, "/api/v1/query", query=query)["result"]
+        return any(float(r["value"][1]) >= steps for r in found)
+
+    def traced() -> bool:
+        spans = jaeger_traces(stack, service, time.time() - 600)
+        return len({s["traceId"] for s in spans if s["name"] == c.STEP_SPAN.name}) >= steps
+
+    poll(counted, f"{service}'s steps in Prometheus")
+    poll(traced, f"{service}'s traces")
+
+
+def _two_jobs(stack: dict[str, Any], tmp: Path, urls: list[str]) -> tuple[Any, Any]:
+    """Two runs of compare_job.py that differ in their set-up (B's model compiled, its
+    metric_export_interval longer), exported to the stack and recorded: ``compare`` of
+    the live jobs and of their records."""
+    name = f"live-cmp-{uuid.uuid4().hex[:8]}"
+    jobs = {f"{name}-a": (), f"{name}-b": ("--compile", "--export-interval", "0.5")}
+    endpoint = f"http://127.0.0.1:{stack['ports']['OTLP_HTTP']}"
+    started = []
+    with contextlib.ExitStack() as files:
+        for service, args in jobs.items():
+            env = {**job_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                   "OTEL_SERVICE_NAME": service, "OTEL_TRAIN_RUN_ID": service}  # fmt: skip
+            log = files.enter_context((tmp / f"{service}.log").open("w"))
+            started.append(subprocess.Popen([sys.executable, str(COMPARE_JOB), str(tmp), *args],
+                                            env=env, stdout=log, stderr=log))  # fmt: skip
+        codes = [job.wait(timeout=300) for job in started]
+    for code, service in zip(codes, jobs, strict=True):
+        assert code == 0, (tmp / f"{service}.log").read_text()[-2000:]
+    for service in jobs:
+        _exported(stack, service, 40)  # (compare_job.py's steps)
+    live = _compare("--prometheus", urls[0], "--jaeger", urls[1], "--last", "600", *jobs)
+    records = [str(next(tmp.glob(f"*-{service}"))) for service in jobs]
+    return live, _compare(*records)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +121,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert live.returncode == 0, live.stderr
         live_compare = _compare("--prometheus", urls[0], "--jaeger", urls[1], "--last", "600",
                                 service, service)  # fmt: skip
+        two_jobs = _two_jobs(stack, tmp, urls)
         bad = [_report("--prometheus", urls[0], "--job", "no-such-job", "-o", str(tmp / "x")),
                _report("--prometheus", urls[0]), _report(str(record), "--job", service),
                _report("--prometheus", "http://127.0.0.1:1", "--job", service)]  # fmt: skip
@@ -83,7 +129,8 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert made.returncode == 0, made.stderr
     compared = (live_compare, _compare(str(record), str(record)))
     return {"live": _page_data(tmp / "live.html"), "record": _page_data(tmp / "record.html"),
-            "bad": bad, "service": service, "compare": compared}  # fmt: skip
+            "bad": bad, "service": service, "compare": compared,
+            "two jobs": two_jobs}  # fmt: skip
 
 
 def test_the_live_page_has_the_records_summary_with_the_generators_row(pages: Any) -> None:
@@ -150,3 +197,15 @@ def test_compare_reads_a_live_job_as_it_reads_its_record(pages: Any) -> None:
         assert mine["a_median"] == pytest.approx(theirs["a_median"], rel=1e-6), mine["metric"]
         assert mine["verdict"] == "within noise", mine
     assert live["verdicts"] == record["verdicts"]
+
+
+def test_compare_names_what_differs_in_two_live_jobs_as_in_their_records(pages: Any) -> None:
+    """The run facts of a live job: those known at start from target_info (the changed
+    setting), the compile state from its gauge; the same differences as the records'."""
+    done = [json.loads(x.stdout) if x.returncode == 0 else x.stderr for x in pages["two jobs"]]
+    live, record = done
+    assert isinstance(live, dict) and isinstance(record, dict), done
+    named = {d["name"]: (d["a"], d["b"]) for d in live["settings"]}
+    assert named["torch.compile"] == (False, True)
+    assert named["setting metric_export_interval"] == ("0.2", "0.5")
+    assert live["settings"] == record["settings"]
