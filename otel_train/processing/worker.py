@@ -155,10 +155,15 @@ class Worker:
     # -- processing --------------------------------------------------------------------
 
     def process_waiting(self, deadline: float) -> None:
-        """Every step waiting now, a large delivery's rest included, by ``deadline``
-        (monotonic seconds): a flush. process() takes at most MAX_BLOCKS blocks."""
-        self.process()
-        while self._rest and not self.failed and time.monotonic() < deadline:
+        """Every step waiting now, by ``deadline`` (monotonic seconds): a flush.
+        process() takes at most MAX_BLOCKS blocks, and a delivery's rest before the
+        source: this goes on until the rest is done and the source was taken once."""
+        taken = False
+        while not self.failed and time.monotonic() < deadline:
+            if not self._rest:
+                if taken:
+                    return
+                taken = True
             self.process()
 
     def process(self) -> int:

@@ -26,6 +26,7 @@ import otel_train
 from otel_train import contract as c
 from otel_train.handover.raw import RAW_ROOM
 from otel_train.handover.relay_in import MAX_WAITING
+from otel_train.processing.worker import MAX_BLOCKS
 from otel_train.recording.scopes import NEAR_WINDOW
 from otel_train.testing import InMemoryTelemetry
 
@@ -104,6 +105,43 @@ def test_the_sidecar_serves_the_applications_providers_as_the_worker_would() -> 
     ids = {s.context.trace_id for s in relayed}
     exemplar_ids = {e.trace_id for e in durations.exemplars}
     assert exemplar_ids and exemplar_ids <= ids
+
+
+@pytest.mark.parametrize("sidecar", ["auto", "off"])
+def test_a_flush_right_after_steps_of_many_shapes_has_every_step(sidecar: str) -> None:
+    """A new phase name each step makes each step a block of its own: a flush hands on
+    every step waiting, more blocks than the worker takes at a time included."""
+    app = AppProviders()
+    otel_train.configure(console="off", sidecar=sidecar, **app.given())
+    n = 3 * MAX_BLOCKS + 10
+    for i in range(n):
+        with otel_train.step(), otel_train.phase(f"phase_{i}"):
+            pass
+    assert otel_train.flush(timeout=15)
+    (steps,) = app.metrics()[c.STEPS.name]
+    otel_train.shutdown()
+    assert steps.value == n
+
+
+def test_a_flush_takes_the_steps_behind_a_large_deliverys_rest() -> None:
+    """The worker left most of a large delivery for later (its thread's own pass, made
+    here) and more steps finished since: a flush hands on both."""
+    app = AppProviders()
+    otel_train.configure(console="off", sidecar="off", **app.given())
+    worker = otel_train.session.current().worker
+    worker.poll_s = 3600.0  # (its thread's next wait: the passes are made here)
+    time.sleep(0.2)
+    for i in range(3 * MAX_BLOCKS):
+        with otel_train.step(), otel_train.phase(f"phase_{i}"):
+            pass
+    assert worker.process() == MAX_BLOCKS
+    for _ in range(10):
+        with otel_train.step(), otel_train.phase("work"):
+            pass
+    assert otel_train.flush(timeout=15)
+    (steps,) = app.metrics()[c.STEPS.name]
+    otel_train.shutdown()
+    assert steps.value == 3 * MAX_BLOCKS + 10
 
 
 def test_a_carrier_names_the_span_the_relay_builds() -> None:
