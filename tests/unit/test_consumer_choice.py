@@ -9,13 +9,21 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_helpers import providers
 
 import otel_train
 from otel_train import contract as c
 from otel_train import session
 from otel_train.runs.record_data import load_run
+from otel_train.testing import InMemoryTelemetry
 
 SAID = "steps are consumed"
 
@@ -87,6 +95,40 @@ def test_a_sidecar_that_cannot_start_leaves_the_work_on_a_thread_with_one_warnin
     assert "exit code 7" in message
     resources = _resources(runs)
     assert resources and all(r.get(c.RESOURCE_CONSUMER.key) == "thread" for r in resources)
+
+
+def _app_providers() -> dict[str, Any]:
+    """What an application builds: plain SDK providers with in-memory exporters."""
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+
+
+@pytest.mark.parametrize(
+    ("given", "where", "why"),
+    [
+        ("application", "sidecar", "the default"),
+        ("testing", "thread", "providers the sidecar's relay does not serve"),
+    ],
+)
+def test_passed_providers_are_chosen_for_once_and_said(
+    caplog: pytest.LogCaptureFixture, given: str, where: str, why: str
+) -> None:
+    """An application's SDK providers are served from the sidecar (the relay);
+    otel_train.testing's, whose meter provider carries otel-train's reader, keep the
+    consumer on a thread (docs/rationale.md, "Where the work runs")."""
+    caplog.set_level(logging.INFO, logger="otel_train")
+    passed = _app_providers() if given == "application" else providers(InMemoryTelemetry())
+    try:
+        otel_train.configure(console="off", **passed)
+        current = session.current()
+        assert current is not None and current.consumer is not None
+        assert current.consumer.where == where
+    finally:
+        otel_train.shutdown()
+    message = f"otel-train: {SAID} on {where} ({why}), exported by the application's providers"
+    assert _said(caplog) == [(logging.INFO, message)]
 
 
 @pytest.mark.parametrize("sidecar", ["auto", "off"])
