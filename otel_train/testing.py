@@ -37,7 +37,11 @@ def reset() -> None:
 
 class InMemoryTelemetry:
     """A tracer provider with an in-memory exporter and a meter provider with an in-memory
-    reader that carries otel-train's histogram bridge (as its own providers do)."""
+    reader that carries otel-train's histogram bridge (as its own providers do).
+
+    A session given these consumes its steps on a thread of this process, where an
+    application's own SDK providers are served from the sidecar (the session's log line
+    says which, and why; docs/rationale.md, "Where the work runs")."""
 
     def __init__(self, otlp_histograms: bool = False) -> None:
         """``otlp_histograms``: the duration histograms in the form otel-train's OTLP reader
