@@ -20,7 +20,9 @@ sidecar everything written, decodes the slots from that idle point, replays them
 locally, drops the steps they finish (the sidecar has them) and continues with its own
 state, handing on finished steps again (the parts mode). A ring the sidecar fell a whole
 ring behind on refuses the next write, and the recorder catches up the same way. Raw
-mode starts again at the next point where the local recorder is idle.
+mode starts again at the next point where the local recorder is idle, once the sidecar
+has applied the last session's end (it says so in the ring's header): a session begun
+before then wrote over slots it had not read, and they were lost uncounted.
 
 Positions are the ring's (slots written since it was made); the sidecar's idle points
 ``(session, position, next_index, step-stack token)`` let go of the slots before them.
@@ -86,6 +88,10 @@ class RawHandover:
         rec = self.rec
         # (RAW_ROOM: a debugging window near is the log's bound)
         if self.raw or not rec.idle_for_handover(RAW_ROOM, ANNOUNCE_SLOTS):
+            return
+        if self.session and read_ack(self.ring.view)[:2] != (self.session, wire.SESSION_APPLIED):
+            # The sidecar has not applied the last session's end yet: it would read this
+            # session's slots as that one's, or find its unread slots written over.
             return
         stack = rec.step_stack
         self.raw = True

@@ -67,6 +67,9 @@ READY, FAILED = range(10, 12)
 FIRST = 12
 CONSOLE_TO, CONSOLE = 13, 14
 PROGRESS, HANG_PROBE, HANG_DETAILS = range(15, 18)
+# The position of the acknowledgement the sidecar publishes in the ring's header once it
+# has applied a raw session's RAW_END: the next session may begin (handover/raw.py).
+SESSION_APPLIED = -1
 _LEN = struct.Struct("<I")
 _REPLICA_STACKS: dict[int, PhaseStack] = {}  # the sidecar's: token -> replica stack
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken stream

@@ -224,6 +224,8 @@ class RemoteSource:
             for stack in replica_stacks().values():
                 stack.clear()
             self.session = None
+            if self._view is not None:  # (the training process may begin the next one)
+                publish_ack(self._view, session, wire.SESSION_APPLIED, 0, 0)
 
     def take(self) -> Delivery:
         out = Delivery(counters=self.counters)
