@@ -27,7 +27,9 @@ of time) and an estimate in microseconds at the nanoseconds per instruction of t
 span code, measured natively in this run (the fastest of 15 timed loops) against its count
 under callgrind.
 
-With ``--cuda-standin`` the job is GPU-shaped: tests/unit/cuda_standin.py stands in for
+With ``--cuda-standin`` the job is GPU-shaped (and one more chunk, the training thread's
+share with each chunk's first step taken before it: that step is applied at once, binding
+the device, and carries the FLOP count): tests/unit/cuda_standin.py stands in for
 the CUDA runtime (in use from the start; the model stays on the CPU), so the recorder
 times "the device": each boundary's stamp takes an event and an allocator read
 (recording/stamps.py). The CUDA calls per step are printed beside the instructions, which
@@ -56,6 +58,7 @@ from typing import Any
 
 SPANS_MICRO = 2000  # spans per calibration loop
 CALLS_PER_STEP = 7  # the stand-in's plain loop: 7 timed boundaries a step (printed below)
+STEADY = "training thread, after one step"  # (--cuda-standin: the chunk's first step is not in it)
 
 
 def marker() -> None:
@@ -174,6 +177,13 @@ def inner(args: argparse.Namespace) -> None:
                 reset(0)
 
         variants["plain + the stand-in's CUDA calls"] = (standin_calls, None, None)
+
+        def instrument_warm() -> None:  # the first step (applied at once, binding the
+            instrument()  # device; the FLOP count) before the chunk: the steady state
+            ob.plain_steps(model, opt, loader, 1)
+            rec.settle()
+
+        variants[STEADY] = (ours_thread, instrument_warm, ours_thread_done)
     calls: dict[str, list[tuple[int, int]]] = {}
     # Warm every variant natively (instrumentation is off), then switch callgrind on.
     for run, setup, teardown in variants.values():
@@ -327,11 +337,14 @@ def main() -> None:
     if args.cuda_standin:
         name = "plain + the stand-in's CUDA calls"
         runtime = ir[name] - base
-        own = ir["otel-train, training thread only"] - base - runtime
         print(f"{name:<32}{ir[name]:>12.0f}{runtime:>10.0f}{100 * spread[name]:>7.2f}%")
-        print(f"training thread, otel-train's own (less the stand-in's {CALLS_PER_STEP} "
-              f"calls a step): {own:.0f} instructions a step")  # fmt: skip
-        for name in ("otel-train (default)", "otel-train, training thread only"):
+        d = ir[STEADY] - base
+        print(f"{STEADY:<32}{ir[STEADY]:>12.0f}{d:>10.0f}{100 * spread[STEADY]:>7.2f}%")
+        for name in ("otel-train, training thread only", STEADY):
+            own = ir[name] - base - runtime
+            print(f"{name}: otel-train's own (less the stand-in's {CALLS_PER_STEP} calls a "
+                  f"step): {own:.0f} instructions a step")  # fmt: skip
+        for name in ("otel-train (default)", "otel-train, training thread only", STEADY):
             ev = statistics.median(e for e, _ in cuda[name]) / args.steps
             reads = statistics.median(r for _, r in cuda[name]) / args.steps
             print(
