@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from .scopes import B_END, CYCLE, MAX_MESSAGE
@@ -73,7 +74,7 @@ class PhaseStack(list):  # type: ignore[type-arg]
     """A thread's phase stack; equal only to itself (the worker counts a thread's
     entries in a log by comparing stacks, and two threads' empty stacks are not one)."""
 
-    __slots__ = ("__weakref__", "thread")  # (kept weakly: phases._fold_all; its thread)
+    __slots__ = ("__weakref__", "thread")  # (kept weakly: PeakStacks; its thread)
     thread: int  # the ident of the thread it belongs to (0: another process's)
     __eq__ = object.__eq__
     __ne__ = object.__ne__
@@ -192,3 +193,41 @@ def describe_exception(exc_type: type[BaseException], exc: BaseException | None)
         except Exception:  # telemetry must not mask the user's OOM
             oom = None
     return (exc_type.__qualname__, message, stack[-8192:], oom)
+
+
+class PeakStacks:
+    """Every thread's phase stack that has had a phase with memory figures, held weakly
+    (a thread's stack goes with its thread). A dict of weak references by ``id``: per
+    boundary, one dict lookup and one call per stack, where a ``WeakSet``'s membership
+    test made a weak reference and its guarded iteration two Python frames."""
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def fold(self, stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+        refs = self._refs
+        key = id(stack)
+        if key not in refs:  # (the callback runs as the stack is freed, before its id is reused)
+
+            def gone(_: Any, key: int = key) -> None:
+                refs.pop(key, None)
+
+            refs[key] = weakref.ref(stack, gone)
+        for ref in tuple(refs.values()):  # (a copy: a callback may pop meanwhile)
+            s = ref()
+            if s:
+                fold_peaks(s, peak_allocated, peak_reserved)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+def fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+    """Hand the allocator's peak since the last boundary to every phase open now."""
+    for e in stack:
+        if peak_allocated > e[S_PEAK_ALLOCATED]:
+            e[S_PEAK_ALLOCATED] = peak_allocated
+        if peak_reserved > e[S_PEAK_RESERVED]:
+            e[S_PEAK_RESERVED] = peak_reserved

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..settings import ConfigError, Settings
@@ -26,6 +25,7 @@ from .layouts import (
     P_NAME,
     P_PARENT,
     P_SEQ,
+    PeakStacks,
     Step,
     new_stack,
 )
@@ -120,7 +120,7 @@ class StepMachine(StepLinks, BoundaryStamps):
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
         # Every thread's stack that has had a phase with memory figures (phases._fold_all).
-        self._peak_stacks: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._peak_stacks = PeakStacks()
         # Background phase trees (phases.py) that ended with no step open: they join the
         # next step to end. And how many trees are open on background threads now.
         self._orphans: collections.deque[Step] = collections.deque()

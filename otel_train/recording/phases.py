@@ -270,18 +270,4 @@ class PhaseMachine(TreeMachine):
         """The allocator's peak since the last boundary (device-wide, reset device-wide) to
         every phase open now on any thread: a boundary on another thread must not take
         this thread's peak with it."""
-        stacks = self._peak_stacks
-        if stack not in stacks:
-            stacks.add(stack)  # (weakly: a thread's stack goes with its thread)
-        for s in stacks:
-            if s:
-                _fold_peaks(s, peak_allocated, peak_reserved)
-
-
-def _fold_peaks(stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
-    """Hand the allocator's peak since the last boundary to every phase open now."""
-    for e in stack:
-        if peak_allocated > e[S_PEAK_ALLOCATED]:
-            e[S_PEAK_ALLOCATED] = peak_allocated
-        if peak_reserved > e[S_PEAK_RESERVED]:
-            e[S_PEAK_RESERVED] = peak_reserved
+        self._peak_stacks.fold(stack, peak_allocated, peak_reserved)
