@@ -211,6 +211,9 @@ class Feeder:
         if self.handover.raw and not final and not self._full():
             self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
+            if self.handover.catching_up:  # (another thread replays the ring: its end)
+                with self.source.recorder._lock:
+                    pass
             delivery = self.source.take(derive=False, keep_partial=not final)
             # A session starts on the thread that logs (this pump came from its hook):
             # no call of that thread is halfway through logging the old way.

@@ -64,6 +64,9 @@ class RawHandover:
         # told both ways in messages (the Python writer).
         self.shared = ring.native
         self.raw = False
+        # While leave_raw() replays the ring here: the steps that finishes the sidecar's
+        # replica has; a pump on another thread waits (the feeder's) rather than take them.
+        self.catching_up = False
         self.session = 0
         self._acked = 0  # ring position the sidecar's replica was last idle at
         self._told = 0  # ring position the sidecar was told of
@@ -199,7 +202,16 @@ class RawHandover:
         """Bring the local state machine up to what was written (recorder lock held)."""
         if not self.raw:
             return
+        self.catching_up = True  # (first: a pump that reads raw False sees it)
         self.raw = False
+        try:
+            self._catch_up()
+        finally:
+            self.catching_up = False
+        self._send((wire.RAW_END, self.session))
+
+    def _catch_up(self) -> None:
+        """leave_raw()'s replay of what went out raw; the steps it finishes released."""
         self.left += 1
         rec, ring = self.rec, self.ring
         writer = ring.writer
@@ -238,7 +250,6 @@ class RawHandover:
         rec.dropped_steps, rec.dropped_phases = dropped
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
-        self._send((wire.RAW_END, self.session))
 
     def detach(self) -> None:
         """The hooks write no more to the ring: a write in flight now is refused and goes

@@ -83,3 +83,75 @@ def test_a_sidecar_that_falls_behind_counts_what_it_drops(tmp_path: Path) -> Non
     # counted as dropped across a raw session's end: up to ~1.5% seen; benchmarks/README.)
     assert recorded + steps_dropped >= STEPS
     assert recorded + steps_dropped <= STEPS * 1.02
+
+
+CATCH_UP_JOB = textwrap.dedent("""
+    import json, os, signal, sys, threading
+    import torch, otel_train
+    from otel_train import session
+
+    steps, out = int(sys.argv[1]), sys.argv[2]
+    model = torch.nn.Linear(8, 2)
+    x = torch.randn(4, 8)
+    otel_train.configure(prometheus=False, console_every=0, run_dir=out, shutdown_timeout=5)
+    sess = session.current()
+    feeder = sess.feeder
+    sidecar = feeder.process.pid
+    for i in range(steps):
+        if i == 100:
+            os.kill(sidecar, signal.SIGSTOP)
+        with otel_train.step(samples=4):
+            with otel_train.phase(f"phase_{i}"):  # (a new step shape every step)
+                loss = model(x).sum()
+            with otel_train.phase("backward"):
+                loss.backward()
+    # A state request replays the ring here (the sidecar never read it) while the
+    # feeder's thread pumps, as it does every tick it finds the training thread idle.
+    done = threading.Event()
+    def pumping():
+        while not done.is_set():
+            feeder.pump(idle=True)
+    thread = threading.Thread(target=pumping)
+    thread.start()
+    sess.recorder.settle()
+    done.set()
+    thread.join()
+    os.kill(sidecar, signal.SIGCONT)
+    print(json.dumps({"caught_up": feeder.handover.caught_up, "shutdown": otel_train.shutdown()}))
+""")
+CATCH_UP_STEPS = 3_000
+
+
+def test_a_raw_sessions_end_replayed_while_the_feeder_pumps_counts_each_step_once(
+    tmp_path: Path,
+) -> None:
+    """A new phase name every step, the sidecar behind for most of the loop: the raw
+    session's end is replayed here (thousands of steps the sidecar's replica has) while
+    the feeder's thread pumps. Each step is in the record or in a drop count, once (a
+    pump took the replayed steps and handed them on again: ~360 counted twice)."""
+    script = tmp_path / "catch_up.py"
+    script.write_text(CATCH_UP_JOB)
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, str(script), str(CATCH_UP_STEPS), str(runs)],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["caught_up"] > 0  # (the end was replayed here)
+    (rank,) = load_run(next(runs.iterdir())).ranks
+    last = rank.snapshots[-1].values
+    recorded = last[(c.STEPS.name, ())]
+    dropped = {
+        dict(attrs)[c.A_REASON]: n for (name, attrs), n in last.items() if name == c.DROPPED.name
+    }
+    steps_dropped = sum(n for r, n in dropped.items() if r in ("queue_full", "sidecar", "shutdown"))
+    print(f"\nrecorded {recorded:.0f} + dropped {dropped} of {CATCH_UP_STEPS} steps")
+    assert recorded + steps_dropped == CATCH_UP_STEPS
+    assert result["shutdown"] is (not dropped)
+    summary = re.search(r"run summary: ([\d,]+) steps", done.stderr)
+    assert summary is not None, done.stderr[-3000:]
+    assert int(summary.group(1).replace(",", "")) == recorded
