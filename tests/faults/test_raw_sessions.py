@@ -30,12 +30,11 @@ from otel_train.recording.ring import Ring
 from otel_train.sidecar.replica import RemoteSource
 
 STEPS = 12  # in one log
-CAPACITY = 1 << 12  # slots: one session below writes fewer, two write more
-LOGS = 30  # logs run per stretch of training (~2,500 slots)
+CAPACITY = 1 << 12  # slots: each stretch of training below writes ~60% of the ring
 
 
 def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
-    """The settings, and the log of STEPS explicit steps with a loss after each."""
+    """The settings, and the log of STEPS explicit steps of three phases and a loss."""
     otel_train.configure(console="off", prometheus=False, sidecar="off", flops_per_step=1e6)
     sess = session_mod.current()
     assert sess is not None and sess.worker is not None
@@ -43,13 +42,12 @@ def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
     model = torch.nn.Linear(4, 1)
     x = torch.randn(2, 4)
     try:
-        for _ in range(STEPS):
+        for _ in range(STEPS):  # (9 slots a step: the stretches' slots do not line up)
             with otel_train.step(samples=2):
-                with otel_train.phase("forward"):
-                    loss = model(x).sum()
-                with otel_train.phase("backward"):
-                    loss.backward()
-            otel_train.record(loss=loss.item())
+                for name in ("data", "forward", "backward"):
+                    with otel_train.phase(name):
+                        loss = model(x).sum()
+                otel_train.record(loss=loss.item())  # (an entry beside the ring)
         return sess.settings, sess.recorder.take_log()
     finally:
         otel_train.shutdown()
@@ -83,7 +81,9 @@ class TrainingProcess:
 
 
 def _sidecar_reads(source: RemoteSource, sent: list[tuple[Any, ...]]) -> list[int]:
-    """The sidecar applies the messages in order: the step indices its worker gets."""
+    """The sidecar applies the messages in order, its worker taking what each one
+    finished: the step indices the worker gets."""
+    indices: list[int] = []
     for message in sent:
         kind = message[0]
         if kind == wire.RAW_BEGIN:
@@ -94,27 +94,27 @@ def _sidecar_reads(source: RemoteSource, sent: list[tuple[Any, ...]]) -> list[in
             source.raw_end(message[1])
         elif kind == wire.DELIVERY:
             source.push(message[1])
+        for part in source.take().parts:
+            if isinstance(part, StepBlock):
+                indices += range(part.first, part.first + part.k)
+            else:
+                indices += [step.index for step in part]
     sent.clear()
-    indices: list[int] = []
-    for part in source.take().parts:
-        if isinstance(part, StepBlock):
-            indices += range(part.first, part.first + part.k)
-        else:
-            indices += [step.index for step in part]
     return indices
 
 
 def test_a_session_does_not_begin_before_the_sidecar_applied_the_last_ones_end() -> None:
     settings, log = _explicit_log()
+    logs = CAPACITY * 3 // (5 * len(log))  # logs run per stretch of training
     trainer = TrainingProcess(settings, log)
     source = RemoteSource(settings, lambda message: None, (trainer.ring.fd, CAPACITY))
     try:
-        trainer.train(LOGS)  # a session, the sidecar descheduled throughout
-        trainer.train(LOGS)  # a second stretch before it reads any of it
+        trainer.train(logs)  # a session, the sidecar descheduled throughout
+        trainer.train(logs)  # a second stretch before it reads any of it
         handed = _sidecar_reads(source, trainer.sent)
-        trainer.train(LOGS)  # it caught up: a session again
+        trainer.train(logs)  # it caught up: a session again
         handed += _sidecar_reads(source, trainer.sent)
     finally:
         trainer.ring.close()
-    assert sorted(handed) == list(range(3 * LOGS * STEPS))
+    assert sorted(handed) == list(range(3 * logs * STEPS))
     assert trainer.handover.session == 2  # (the second stretch went as finished steps)
