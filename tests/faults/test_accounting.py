@@ -15,7 +15,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scratch import job_env
 
@@ -49,34 +51,53 @@ JOB = textwrap.dedent("""
 STEPS = 20_000
 
 
-def test_a_sidecar_that_falls_behind_counts_what_it_drops(tmp_path: Path) -> None:
+@dataclass
+class Finished:
+    """A job's last printed line, its stderr, and its run record's step count and drops."""
+
+    result: dict[str, Any]
+    stderr: str
+    recorded: float
+    dropped: dict[str, float]
+
+    @property
+    def steps_dropped(self) -> float:
+        return sum(n for r, n in self.dropped.items() if r in ("queue_full", "sidecar", "shutdown"))
+
+
+def _run_job(tmp_path: Path, job: str, *args: str) -> Finished:
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(job)
     runs = tmp_path / "runs"
     done = subprocess.run(
-        [sys.executable, str(script), str(STEPS), "2000", str(STEPS - 8000), str(runs)],
+        [sys.executable, str(script), *args, str(runs)],
         env=job_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
-    assert result["shutdown"] is False
-    assert result["sidecar_rss"] < 64 << 20  # issue 37's bound for the sidecar's memory
-    summary = re.search(r"run summary: (\d+) steps", done.stderr)
-    assert summary is not None, done.stderr[-3000:]
-    said = re.search(r"telemetry dropped \(not in the figures above\): (.*) \(reasons", done.stderr)
-    assert said is not None, done.stderr[-3000:]
     (rank,) = load_run(next(runs.iterdir())).ranks
     last = rank.snapshots[-1].values
-    recorded = last[(c.STEPS.name, ())]
-    assert recorded == int(summary.group(1))
     dropped = {
         dict(attrs)[c.A_REASON]: n for (name, attrs), n in last.items() if name == c.DROPPED.name
     }
+    result = json.loads(done.stdout.splitlines()[-1])
+    return Finished(result, done.stderr, last[(c.STEPS.name, ())], dropped)
+
+
+def test_a_sidecar_that_falls_behind_counts_what_it_drops(tmp_path: Path) -> None:
+    job = _run_job(tmp_path, JOB, str(STEPS), "2000", str(STEPS - 8000))
+    result, recorded, dropped = job.result, job.recorded, job.dropped
+    assert result["shutdown"] is False
+    assert result["sidecar_rss"] < 64 << 20  # issue 37's bound for the sidecar's memory
+    summary = re.search(r"run summary: (\d+) steps", job.stderr)
+    assert summary is not None, job.stderr[-3000:]
+    said = re.search(r"telemetry dropped \(not in the figures above\): (.*) \(reasons", job.stderr)
+    assert said is not None, job.stderr[-3000:]
+    assert recorded == int(summary.group(1))
     assert said.group(1) == ", ".join(f"{int(n):,} {r}" for r, n in sorted(dropped.items()))
-    steps_dropped = sum(n for r, n in dropped.items() if r in ("queue_full", "sidecar", "shutdown"))
+    steps_dropped = job.steps_dropped
     print(f"\nrecorded {recorded:.0f} + dropped {dropped} of {STEPS} steps; sidecar RSS "
           f"{result['sidecar_rss'] / 2**20:.1f} MiB")  # fmt: skip
     # Nothing lost without a count. (A step can be counted twice today, processed and
@@ -129,29 +150,12 @@ def test_a_raw_sessions_end_replayed_while_the_feeder_pumps_counts_each_step_onc
     session's end is replayed here (thousands of steps the sidecar's replica has) while
     the feeder's thread pumps. Each step is in the record or in a drop count, once (a
     pump took the replayed steps and handed them on again: ~360 counted twice)."""
-    script = tmp_path / "catch_up.py"
-    script.write_text(CATCH_UP_JOB)
-    runs = tmp_path / "runs"
-    done = subprocess.run(
-        [sys.executable, str(script), str(CATCH_UP_STEPS), str(runs)],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
-    assert result["caught_up"] > 0  # (the end was replayed here)
-    (rank,) = load_run(next(runs.iterdir())).ranks
-    last = rank.snapshots[-1].values
-    recorded = last[(c.STEPS.name, ())]
-    dropped = {
-        dict(attrs)[c.A_REASON]: n for (name, attrs), n in last.items() if name == c.DROPPED.name
-    }
-    steps_dropped = sum(n for r, n in dropped.items() if r in ("queue_full", "sidecar", "shutdown"))
+    job = _run_job(tmp_path, CATCH_UP_JOB, str(CATCH_UP_STEPS))
+    assert job.result["caught_up"] > 0  # (the end was replayed here)
+    recorded, dropped = job.recorded, job.dropped
     print(f"\nrecorded {recorded:.0f} + dropped {dropped} of {CATCH_UP_STEPS} steps")
-    assert recorded + steps_dropped == CATCH_UP_STEPS
-    assert result["shutdown"] is (not dropped)
-    summary = re.search(r"run summary: ([\d,]+) steps", done.stderr)
-    assert summary is not None, done.stderr[-3000:]
+    assert recorded + job.steps_dropped == CATCH_UP_STEPS
+    assert job.result["shutdown"] is (not dropped)
+    summary = re.search(r"run summary: ([\d,]+) steps", job.stderr)
+    assert summary is not None, job.stderr[-3000:]
     assert int(summary.group(1).replace(",", "")) == recorded
