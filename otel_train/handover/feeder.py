@@ -386,6 +386,8 @@ class Feeder:
             if self.relay is not None:  # (what it sent back before it ended)
                 self.relay.drain(deadline)
                 self.relay.close()
+                # (spans dropped on this side, or the application's SDK failed: False)
+                in_time = in_time and not self.relay.dropped and not self.relay.failed
             with self.source.recorder._lock:
                 self.handover.leave_raw()  # (left at the final pump already, as a rule)
                 self.ring.close()

@@ -144,6 +144,23 @@ def test_a_flush_takes_the_steps_behind_a_large_deliverys_rest() -> None:
     assert steps.value == 3 * MAX_BLOCKS + 10
 
 
+def test_shutdown_says_false_when_the_relay_dropped_spans() -> None:
+    """A fast loop with every step traced outruns the relay (a span's start or end a
+    millisecond apart): past MAX_WAITING steps the oldest are dropped here, counted, and
+    shutdown() says so as for any other drop."""
+    app = AppProviders()
+    otel_train.configure(console="off", trace_steps="all", **app.given())
+    session = otel_train.session.current()
+    assert session is not None and session.feeder is not None
+    relay = session.feeder.relay
+    for _ in range(8 * MAX_WAITING):
+        with otel_train.step(), otel_train.phase("work"):
+            pass
+    shutdown = otel_train.shutdown()
+    assert relay is not None and relay.dropped > 0
+    assert shutdown is False
+
+
 def test_a_carrier_names_the_span_the_relay_builds() -> None:
     app = AppProviders()
     otel_train.configure(console="off", **app.given())
