@@ -19,7 +19,6 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
-from weakref import WeakKeyDictionary
 
 from . import contract as c
 from .export.ids import id_choice
@@ -30,7 +29,7 @@ from .processing.aggregate import MetricsAggregator
 from .processing.console import ConsoleReporter
 from .processing.efficiency import EfficiencyTracker
 from .processing.hangs import HangWatch
-from .processing.instruments import Publisher
+from .processing.instruments import Publisher, publisher_for
 from .processing.sampling import StepSampler
 from .processing.source import StepSource
 from .processing.spans import SpanEmitter
@@ -40,7 +39,6 @@ from .settings import Settings
 from .settings.verdicts import VerdictSettings
 
 _log = logging.getLogger("otel_train")
-_PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
 
 
 class Consumer(Protocol):
@@ -120,14 +118,8 @@ def build_consumer(
     if t.meter_provider is not None:
         if t.bridge is not None:
             t.bridge.attach(aggregator)
-        meter = t.meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
-        publisher = Publisher(meter, aggregator, histograms_via_api=t.bridge is None)
-        # Instruments cannot be removed from a provider: a finished session's keep
-        # reporting their final values until a new session on that provider starts.
-        previous = _PUBLISHERS.get(t.meter_provider)
-        if previous is not None:
-            previous.closed = True
-        _PUBLISHERS[t.meter_provider] = publisher
+        # (a finished session's values stay until a new session on that provider starts)
+        publisher = publisher_for(t.meter_provider, aggregator, version, t.bridge is None)
     emitter = None
     if t.tracer_provider is not None and settings.trace_steps != "none":
         tracer = t.tracer_provider.get_tracer(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import Exemplar, MeterProvider
@@ -47,6 +48,7 @@ from ..processing.aggregate import HistogramState, MetricsAggregator
 
 _SPECS = {m.name: m for m in c.METRICS if m.instrument == "histogram"}
 _log = logging.getLogger("otel_train")
+_APP_BRIDGES: WeakKeyDictionary[Any, HistogramBridge] = WeakKeyDictionary()  # (mirror_into)
 
 # The SDK's private names the bridge uses, on what has them: the reader class (the method
 # each collection passes through, which the bridge replaces), a reader and a meter
@@ -101,8 +103,11 @@ class HistogramBridge:
 
     def attach(self, aggregator: MetricsAggregator) -> None:
         """Read this aggregator from now on: the one of the session that now owns the
-        provider (a provider passed to several sessions in turn, as tests do)."""
-        self.aggregator = aggregator
+        provider (a provider passed to several sessions in turn, as tests do). What
+        delta readers were last given was the previous one's: forgotten."""
+        with self._lock:
+            self.aggregator = aggregator
+            self._last.clear()
 
     def metrics(self, reader_id: int, delta: bool, exponential: bool = False) -> list[Metric]:
         """One collection of every histogram, in the reader's temporality and form."""
@@ -293,14 +298,18 @@ def mirror_into(
     observable instruments for counters and gauges, the histogram bridge on its readers
     for histograms (the relay's: sidecar/relay.py; the metrics API where the bridge is
     off). Returns the publisher (None without a meter provider)."""
-    from ..processing.instruments import Publisher
+    from ..processing.instruments import publisher_for
 
     if meter_provider is None:
         return None
     if BRIDGE_WORKS:
-        resource = meter_provider._sdk_config.resource
-        bridge = HistogramBridge(resource or Resource.create({}), version)
+        # One bridge a provider, as one publisher: a later session's mirror replaces this
+        # one's on both (its readers keep the bridge they were given).
+        bridge = _APP_BRIDGES.get(meter_provider)
+        if bridge is None:
+            resource = meter_provider._sdk_config.resource
+            bridge = HistogramBridge(resource or Resource.create({}), version)
+            bridge_readers(meter_provider, bridge)
+            _APP_BRIDGES[meter_provider] = bridge
         bridge.attach(mirror)
-        bridge_readers(meter_provider, bridge)
-    meter = meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
-    return Publisher(meter, mirror, histograms_via_api=not BRIDGE_WORKS)
+    return publisher_for(meter_provider, mirror, version, histograms_via_api=not BRIDGE_WORKS)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterable
 from math import isfinite
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -26,6 +27,7 @@ from .. import contract as c
 from .aggregate import Attrs, MetricsAggregator
 
 _log = logging.getLogger("otel_train")
+_PUBLISHERS: WeakKeyDictionary[Any, Publisher] = WeakKeyDictionary()
 
 _PAGE = 4096
 with contextlib.suppress(ValueError, OSError, AttributeError):
@@ -72,18 +74,15 @@ class Publisher:
     def __init__(
         self, meter: metrics.Meter, aggregator: MetricsAggregator, histograms_via_api: bool
     ) -> None:
-        self._agg = aggregator
+        self._meter = meter
         self._failed: set[str] = set()
-        self.closed = False
         # Whose memory the process metrics report: the training process's. In the
         # sidecar, another process, its figures as the training process last sent them.
         self.memory: Callable[[], ProcessMemory] = own_memory
         self.histograms: dict[str, Any] = {}
+        self.attach(aggregator, histograms_via_api)
         for spec in c.METRICS:
-            if spec.instrument == "histogram":
-                if histograms_via_api:
-                    self.histograms[spec.name] = _histogram(meter, spec)
-            else:
+            if spec.instrument != "histogram":
                 create = {
                     "counter": meter.create_observable_counter,
                     "updowncounter": meter.create_observable_up_down_counter,
@@ -110,20 +109,28 @@ class Publisher:
             return self._guard(spec.name, lambda: _known(self.memory().peak_rss_bytes))
         return self._reader(spec.name)
 
+    def attach(self, aggregator: MetricsAggregator, histograms_via_api: bool) -> None:
+        """Read ``aggregator`` from now on (the session that now owns the provider), its
+        histograms recorded through the metrics API or not (the bridge adds them)."""
+        self._agg = aggregator
+        self.histograms = {
+            spec.name: _histogram(self._meter, spec)
+            for spec in c.METRICS
+            if spec.instrument == "histogram" and histograms_via_api
+        }
+
     def _reader(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        agg = self._agg
         # The SDK drops non-finite values with a warning at every collection (a NaN loss
         # would log forever): leave them out here; the console table still shows them.
         return self._guard(
-            name, lambda: [Observation(v, dict(a)) for a, v in agg.read(name) if isfinite(v)]
+            name,
+            lambda: [Observation(v, dict(a)) for a, v in self._agg.read(name) if isfinite(v)],
         )
 
     def _guard(
         self, name: str, produce: Callable[[], list[Observation]]
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            if self.closed:
-                return []
             try:
                 return produce()
             except Exception:
@@ -138,6 +145,21 @@ class Publisher:
         hist = self.histograms.get(name)
         if hist is not None:
             hist.record(value, dict(attrs), context=context)
+
+
+def publisher_for(
+    meter_provider: Any, aggregator: MetricsAggregator, version: str, histograms_via_api: bool
+) -> Publisher:
+    """The one publisher of ``meter_provider``, reading ``aggregator`` from now on. A
+    provider can serve several sessions in turn (a notebook, a test suite), and its
+    instruments cannot be made twice: the SDK hands back the first ones, with the first
+    session's callbacks. So each session attaches its aggregator to the same publisher."""
+    publisher = _PUBLISHERS.get(meter_provider)
+    if publisher is None:
+        meter = meter_provider.get_meter(c.SCOPE_NAME, version, schema_url=c.SCHEMA_URL)
+        publisher = _PUBLISHERS[meter_provider] = Publisher(meter, aggregator, histograms_via_api)
+    publisher.attach(aggregator, histograms_via_api)
+    return publisher
 
 
 def _known(value: int | None) -> list[Observation]:
