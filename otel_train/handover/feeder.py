@@ -32,6 +32,7 @@ from ..processing.source import Counters, Delivery, StepSource
 from ..recording.regions import RegionLog
 from ..recording.ring import Ring, publish_drain_by
 from ..settings import ConfigError, Settings
+from ..wiring import prints_console
 from . import wire
 from .handback import ConsoleHandback
 from .process import SidecarProcess
@@ -117,6 +118,7 @@ class Feeder:
             self.hangs = LocalHangs(source.recorder, regions, directory, hang_label())
         self._probe: tuple[float, float] | None = None
         self.console = ConsoleHandback(settings.console, self.process.send)
+        self._prints = prints_console(settings, rank())  # (this rank prints the summary)
         self.console.sync()
         self._last_pump = time.monotonic()
         self._stop = threading.Event()
@@ -386,6 +388,8 @@ class Feeder:
             if self.relay is not None:  # (what it sent back before it ended)
                 self.relay.drain(deadline)
                 self.relay.close()
+                if self.relay.dropped and self._prints:  # (after the sidecar's summary)
+                    self.console.write(self.relay.dropped_line())
                 # (spans dropped on this side, or the application's SDK failed: False)
                 in_time = in_time and not self.relay.dropped and not self.relay.failed
             with self.source.recorder._lock:

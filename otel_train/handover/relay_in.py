@@ -106,6 +106,7 @@ class RelayIn:
         be None)."""
         tracer_provider, meter_provider, logger_provider = providers
         self._fd = fd
+        self._rank = rank
         os.set_blocking(fd, False)
         self._frames = wire.FrameReader()
         self.emitter: SpanEmitter | None = None
@@ -129,6 +130,14 @@ class RelayIn:
     def dropped(self) -> int:
         """Spans not built here (more than MAX_WAITING steps waiting)."""
         return self.mirror.dropped_spans
+
+    def dropped_line(self) -> str:
+        """The console's word on ``dropped``, printed after the last drain: the sidecar's
+        run summary, printed before it, cannot count them."""
+        head = f"otel-train [rank {self._rank}]" if self._rank else "otel-train"
+        return (f"{head}: telemetry dropped in the training process (not in the summary "
+                f"above): {self.dropped:,} span_queue (reasons: docs/telemetry.md, "
+                "otel_train.dropped)")  # fmt: skip
 
     def drain(self, deadline: float) -> None:
         """Everything that arrived, spans included, by ``deadline`` (monotonic): a flush,

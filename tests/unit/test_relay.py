@@ -144,12 +144,13 @@ def test_a_flush_takes_the_steps_behind_a_large_deliverys_rest() -> None:
     assert steps.value == 3 * MAX_BLOCKS + 10
 
 
-def test_shutdown_says_false_when_the_relay_dropped_spans() -> None:
+def test_shutdown_says_false_when_the_relay_dropped_spans(capsys: Any) -> None:
     """A fast loop with every step traced outruns the relay (a span's start or end a
     millisecond apart): past MAX_WAITING steps the oldest are dropped here, counted, and
-    shutdown() says so as for any other drop."""
+    shutdown() says so as for any other drop, and so does the console after the summary
+    (which the sidecar printed before the relay's last steps were handed over here)."""
     app = AppProviders()
-    otel_train.configure(console="off", trace_steps="all", **app.given())
+    otel_train.configure(trace_steps="all", console_every=10**6, **app.given())
     session = otel_train.session.current()
     assert session is not None and session.feeder is not None
     relay = session.feeder.relay
@@ -159,6 +160,9 @@ def test_shutdown_says_false_when_the_relay_dropped_spans() -> None:
     shutdown = otel_train.shutdown()
     assert relay is not None and relay.dropped > 0
     assert shutdown is False
+    console = capsys.readouterr().err
+    after_summary = console.split("otel-train run summary", 1)[1]
+    assert f"{relay.dropped:,} span_queue" in after_summary
 
 
 def test_a_carrier_names_the_span_the_relay_builds() -> None:
