@@ -124,9 +124,10 @@ class RemoteSource:
         self._appended = 0  # entries of this raw session appended to the replica's log
         self._reported = 0  # the last idle point of this raw session reported
         self._drained = 0.0
-        # The step indices handed to the worker, and the steps that came again (applied
-        # twice, in the replica and in the training process, around a raw session's
-        # end): the worker counts each step once. Steps need not come in index order.
+        # The step indices handed to the worker or dropped for the bound, and the steps
+        # that came again (applied twice, in the replica and in the training process,
+        # around a raw session's end): each step is counted once, processed or dropped.
+        # Steps need not come in index order.
         self._handed = IndexRanges()
         self.repeated = 0
         self.shapes: dict[Any, Shape] = {}  # resolved steps' shapes (blocks.group_steps)
@@ -145,9 +146,12 @@ class RemoteSource:
         deliveries.append(delivery)
         self._held += delivery.step_count()
         while bounded and self._held > MAX_HELD_STEPS and len(deliveries) > 1:
-            n = deliveries.popleft().step_count()
-            self._held -= n
-            self.dropped += n
+            oldest = deliveries.popleft()
+            self._held -= oldest.step_count()
+            for part in oldest.parts:  # (counted once: a copy that comes later is a repeat)
+                part = self._unseen(part)
+                if part:
+                    self.dropped += part.k if isinstance(part, StepBlock) else len(part)
 
     def ring(self, session: int, position: int, news: Any, sides: list[tuple[int, Any]]) -> None:
         """The ring is written up to ``position``, with these codes and side entries:
@@ -239,7 +243,8 @@ class RemoteSource:
         extra = self.replica
         for delivery in deliveries:
             for part in delivery.parts:
-                part = self._unseen(part)
+                with self._lock:  # (_hold counts what it drops against the same ranges)
+                    part = self._unseen(part)
                 if part:
                     out.parts.extend(finished(part, self.shapes, out.remote))
             out.scalars.extend(delivery.scalars)

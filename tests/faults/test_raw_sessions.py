@@ -9,7 +9,8 @@ process had let go of them (the sidecar's replica "has them").
 
 Here a real recorder, ring and hand-over write, and the sidecar's real source
 (sidecar/replica.py) reads their messages only after the training process has gone on:
-every step is handed on exactly once.
+every step is handed on exactly once; and one that comes twice (from its replica and
+from the training process) is counted once, processed or dropped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from otel_train.processing.blocks import StepBlock
 from otel_train.processing.source import StepSource
 from otel_train.recording.recorder import Recorder
 from otel_train.recording.ring import Ring
-from otel_train.sidecar.replica import RemoteSource
+from otel_train.sidecar.replica import MAX_HELD_STEPS, RemoteSource
 
 STEPS = 12  # in one log
 CAPACITY = 1 << 12  # slots: each stretch of training below writes ~60% of the ring
@@ -80,6 +81,16 @@ class TrainingProcess:
         self.handover.leave_raw()
 
 
+def _indices(parts: list[Any]) -> list[int]:
+    indices: list[int] = []
+    for part in parts:
+        if isinstance(part, StepBlock):
+            indices += range(part.first, part.first + part.k)
+        else:
+            indices += [step.index for step in part]
+    return indices
+
+
 def _sidecar_reads(source: RemoteSource, sent: list[tuple[Any, ...]]) -> list[int]:
     """The sidecar applies the messages in order, its worker taking what each one
     finished: the step indices the worker gets."""
@@ -94,11 +105,7 @@ def _sidecar_reads(source: RemoteSource, sent: list[tuple[Any, ...]]) -> list[in
             source.raw_end(message[1])
         elif kind == wire.DELIVERY:
             source.push(message[1])
-        for part in source.take().parts:
-            if isinstance(part, StepBlock):
-                indices += range(part.first, part.first + part.k)
-            else:
-                indices += [step.index for step in part]
+        indices += _indices(source.take().parts)
     sent.clear()
     return indices
 
@@ -118,3 +125,22 @@ def test_a_session_does_not_begin_before_the_sidecar_applied_the_last_ones_end()
         trainer.ring.close()
     assert sorted(handed) == list(range(3 * logs * STEPS))
     assert trainer.handover.session == 2  # (the second stretch went as finished steps)
+
+
+def test_a_step_dropped_for_the_held_bound_and_coming_again_is_counted_once() -> None:
+    """Steps can reach the sidecar twice around a raw session's end (from its replica and
+    from the training process); when the first copy was dropped for the bound on held
+    steps (counted), the second was processed too: counted twice."""
+    settings, log = _explicit_log()
+    trainer = TrainingProcess(settings, log)
+    source = RemoteSource(settings, lambda message: None, None)
+    deliveries = []
+    for _ in range(MAX_HELD_STEPS // STEPS + 8):  # (past the bound: the oldest dropped)
+        trainer.rec.apply_entries(log)
+        deliveries.append(trainer.local.take(derive=False))
+    trainer.ring.close()
+    for delivery in [*deliveries, deliveries[0]]:  # (the first again, as a repeat)
+        source.push(delivery)
+    handed = _indices(source.take().parts)
+    assert source.dropped > 0 and len(set(handed)) == len(handed)
+    assert len(handed) + source.dropped == len(deliveries) * STEPS
