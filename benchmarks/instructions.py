@@ -77,8 +77,9 @@ def inner(args: argparse.Namespace) -> None:
     import otel_train
     from otel_train import session
     from otel_train.export.setup import in_memory_meter_provider
+    from otel_train.handover import wire
     from otel_train.handover.raw import RawHandover
-    from otel_train.recording.ring import Ring
+    from otel_train.recording.ring import Ring, publish_ack
 
     torch.set_num_threads(1)
     rt = None
@@ -128,6 +129,8 @@ def inner(args: argparse.Namespace) -> None:
         rec.settle()
         with rec._lock:
             handover._wait = 0  # (no back-off from the last chunk's end: each opens one)
+            # (the last session's end applied, as the sidecar's replica would publish it)
+            publish_ack(ring.view, handover.session, wire.SESSION_APPLIED, 0, 0)
             handover.try_enter()
         assert handover.raw, "a raw session opens between steps"
 
