@@ -207,6 +207,9 @@ class PeakStacks:
         self._refs: dict[int, weakref.ref[Any]] = {}
 
     def fold(self, stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
+        """The allocator's peak since the last boundary (device-wide, reset device-wide),
+        reached at a boundary on ``stack``'s thread, to every phase open now on any
+        thread: a boundary on another thread must not take this thread's peak with it."""
         refs = self._refs
         key = id(stack)
         if key not in refs:  # (the callback runs as the stack is freed, before its id is reused)

@@ -119,7 +119,7 @@ class StepMachine(StepLinks, BoundaryStamps):
         self.precision_hint: str | None = None
         # The phase stack (one per thread) of the thread that opens explicit/adapter steps.
         self.step_stack: list[list[Any]] | None = None
-        # Every thread's stack that has had a phase with memory figures (phases._fold_all).
+        # Every thread's stack that has had a phase with memory figures (layouts.PeakStacks).
         self._peak_stacks = PeakStacks()
         # Background phase trees (phases.py) that ended with no step open: they join the
         # next step to end. And how many trees are open on background threads now.

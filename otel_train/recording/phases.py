@@ -87,7 +87,7 @@ class PhaseMachine(TreeMachine):
                 sample = self._boundary_memory()
                 if sample is not None:
                     pa, pr, r0, o0 = sample
-                    self._fold_all(stack, pa, pr)
+                    self._peak_stacks.fold(stack, pa, pr)
             else:
                 ev = None
                 r0 = o0 = 0
@@ -160,7 +160,7 @@ class PhaseMachine(TreeMachine):
             sample = self._boundary_memory()
             if sample is not None:
                 pa, pr, r, o = sample
-                self._fold_all(stack, pa, pr)
+                self._peak_stacks.fold(stack, pa, pr)
                 memory = (entry[S_PEAK_ALLOCATED], entry[S_PEAK_RESERVED], r - r0, o - o0)
             stack.pop()
             if step.closed:
@@ -265,9 +265,3 @@ class PhaseMachine(TreeMachine):
                     self._exit_at(t, stack)
         if open_ is not None:
             self._enter_at(open_, t, stack)
-
-    def _fold_all(self, stack: list[list[Any]], peak_allocated: int, peak_reserved: int) -> None:
-        """The allocator's peak since the last boundary (device-wide, reset device-wide) to
-        every phase open now on any thread: a boundary on another thread must not take
-        this thread's peak with it."""
-        self._peak_stacks.fold(stack, peak_allocated, peak_reserved)
