@@ -1,15 +1,16 @@
 """The training process's end of the sidecar: finished steps out, requests in.
 
 The recorder calls :meth:`Feeder.pump` on the training thread when its log passes a few
-dozen entries (about every four steps of a plain loop), or, with the device timed
-(stamped boundaries, recording/stamps.py), only past a thousand: the feeder's thread
-takes a stamped log every tick, so the step machine runs there. In a raw session
-(raw.py) the hooks write the shared-memory ring instead, and the training thread pumps
-no more: the sidecar reads how far the ring is written off its header (with the Python
-writer, a pump tells it, also when 4,096 slots were not told), and a small thread of
-this feeder tells it the side entries and new codes the slots name and reads its
-requests now and then. Otherwise a pump takes what finished (processing/source.py:
-boundaries applied, CUDA events resolved when they completed) and encodes it (wire.py),
+dozen entries (about every four steps of a plain loop). In a raw session (raw.py) the
+hooks write the shared-memory ring instead, and the training thread pumps no more: the
+sidecar reads how far the ring is written off its header (with the Python writer, a
+pump tells it, also when 4,096 slots were not told), and a small thread of this feeder
+tells it the side entries and new codes the slots name and reads its requests now and
+then. With the device timed (a GPU job: each boundary's stamp in the ring's table,
+recording/stamps.py) that thread also resolves the events every tick and tells the
+sidecar how far they are resolved, with their times (event_times.py). Otherwise a pump
+takes what finished (processing/source.py: boundaries applied, CUDA events resolved
+when they completed) and encodes it (wire.py),
 and the small thread pumps when the training thread has not for ``IDLE_PUMP_S`` (a
 pause, the end of training). Frames go to the sidecar's stdin without waiting
 (process.py); past ``MAX_BUFFER`` bytes waiting, deliveries are dropped and counted.
@@ -168,7 +169,6 @@ class Feeder:
                 self.memory = own_memory()
             rec = self.source.recorder
             rec.watch_cuda()  # (CUDA showed up: the device is bound, then stamps)
-            stamped = rec.stamping  # (the log is replayed here, not on the training thread)
             handover = self.handover
             if handover.raw and handover.shared:
                 # The sidecar reads how far the ring is written off its header: only side
@@ -176,8 +176,9 @@ class Feeder:
                 # (every GIL-holding tick is one the training thread may wait for).
                 if handover.has_news() or ticks % CONTROL_TICKS == 0:
                     self.pump(idle=True)
-            elif now - self._last_pump >= IDLE_PUMP_S or handover.raw or stamped:
-                # (a raw session told by messages, or stamped boundaries: every tick)
+            elif now - self._last_pump >= IDLE_PUMP_S or handover.raw:
+                # (a raw session told by messages, a stamped one's events resolved here:
+                # every tick)
                 self.pump(idle=True)
             if self.hangs is not None and now - told >= PROGRESS_S:
                 told = now

@@ -12,12 +12,20 @@ has not seen. With the Python writer, whose stores carry no ordering a reader on
 another core could rely on, the feeder's thread tells the position too, and the
 acknowledgements come back as messages.
 
+A GPU job's session (the device timed: *stamped*) goes the same way, its boundaries'
+stamps (a pooled CUDA event and an allocator sample each: recording/stamps.py) taken by
+the writer into a table beside the ring. Events are this process's: the feeder's thread
+resolves them in ring order (event_times.py) and tells the sidecar, in messages, how far
+they are resolved, with each slot's device time. A stamp's event goes back to the pool
+once the sidecar acknowledged its slot; until then a catch-up replays it here.
+
 The training process's own state machine lags; the ring keeps what was written since
 the last point the sidecar found its replica idle (no open step, no open phase), so
 that anything that needs the state here (an adapter asking for the open step, an
 exception, the FLOP probe, shutdown) has the recorder catch up first: it tells the
-sidecar everything written, decodes the slots from that idle point, replays them
-locally, drops the steps they finish (the sidecar has them) and continues with its own
+sidecar everything written (a stamped session: as far as its events are resolved),
+decodes the slots from that idle point, replays them locally, drops the steps they
+finish up to what the sidecar was told (it has them) and continues with its own
 state, handing on finished steps again (the parts mode). A ring the sidecar fell a whole
 ring behind on refuses the next write, and the recorder catches up the same way. Raw
 mode starts again at the next point where the local recorder is idle, once the sidecar
@@ -36,6 +44,7 @@ from ..recording.recorder import Recorder
 from ..recording.ring import Ring, decode, read_ack
 from ..recording.scopes import INT64_MAX, NEAR_WINDOW
 from . import wire
+from .event_times import EventTimes
 
 ANNOUNCE_SLOTS = 1 << 12  # slots after which the Python writer asks for a hand-over
 CATCH_UP_SLOTS = 1 << 12  # slots decoded and replayed at a time by a catch-up
@@ -63,6 +72,12 @@ class RawHandover:
         # publishes its acknowledgements there (the C writer's atomics order them), or is
         # told both ways in messages (the Python writer).
         self.shared = ring.native
+        # A GPU job's session (the device timed): each slot has its boundary's stamp in
+        # the ring's table, resolved here before the sidecar is told of the slot
+        # (event_times.py), so such a session is told by messages, from this process.
+        self.stamped = False
+        self.times = EventTimes(ring, recorder.events)
+        self._released = 0  # ring position before which the table's events are let go of
         self.raw = False
         # While leave_raw() replays the ring here: the steps that finishes the sidecar's
         # replica has; a pump on another thread waits (the feeder's) rather than take them.
@@ -100,17 +115,26 @@ class RawHandover:
         self.raw = True
         self.session += 1
         ring, writer = self.ring, self.ring.writer
-        writer.acked = self._acked = self._told = self._began = writer.pos
+        self.stamped = rec.stamping
+        self.shared = ring.native and not self.stamped
+        writer.acked = self._acked = self._told = self._began = self._released = writer.pos
         room = rec.window_room
         self.ends_at = writer.pos + room - NEAR_WINDOW if room < INT64_MAX else INT64_MAX
-        writer.due = min(self.ends_at, (1 << 62) if self.shared else writer.pos + ANNOUNCE_SLOTS)
+        # (the Python writer's hand-overs: a pump every ANNOUNCE_SLOTS; a stamped session's
+        # are the feeder's thread's, which resolves them)
+        told_by_pumps = not self.shared and not self.stamped
+        writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS if told_by_pumps else 1 << 62)
+        if self.stamped:
+            ring.stamp_with(rec.stamper())
+            self.times.begin(writer.pos)
         writer.open = 1
         rec.log_into(ring)  # (a partial step's entries, kept for the next pump: slots first)
         rec.route_to(ring)  # the hooks call the writer directly
         self._idle = (rec.next_index, stack)
         token = ring.tables.token_of(stack) if stack is not None else None
+        device = rec.device if self.stamped else None
         self._send((wire.RAW_BEGIN, self.session, rec.next_index, token, self._acked,
-                    self._news(), self.shared))  # fmt: skip
+                    self._news(), self.shared, device))  # fmt: skip
 
     def _news(self) -> tuple[list[Any], list[Any], list[Any]]:
         """What the sidecar does not know yet of the codes and tokens."""
@@ -138,7 +162,7 @@ class RawHandover:
             self._let_go(read_ack(self.ring.view)[1])
             if not self.has_news():
                 return None
-        else:
+        elif not self.stamped:
             writer.due = min(self.ends_at, writer.pos + ANNOUNCE_SLOTS)
         return self._announce()
 
@@ -155,14 +179,21 @@ class RawHandover:
         )
 
     def _announce(self) -> tuple[Any, ...] | None:
+        """``(session, position, news, sides, stamps)``: the ring is written up to
+        ``position``; ``stamps``, a stamped session's, the resolved stamps of the slots
+        from the position told before (event_times.py); None when nothing is new."""
         writer = self.ring.writer
         pos = writer.pos  # (first: whatever a slot before it names is in the tables now)
+        stamps: list[Any] = []
+        if self.stamped:  # (told only as far as the events are resolved)
+            stamps = self.times.resolve(pos)
+            pos = self.times.upto
         news = self._news()
         sides = self._fresh_sides()
         if pos == self._told and not any(news) and not sides:
             return None
         self._told = pos
-        return (self.session, pos, news, sides)
+        return (self.session, pos, news, sides, stamps)
 
     def _fresh_sides(self) -> list[tuple[int, tuple[Any, ...]]]:
         """The side entries not told yet. The training thread adds to the dict while this
@@ -180,7 +211,14 @@ class RawHandover:
         return self._acked
 
     def _let_go(self, acked: int) -> None:
-        """The side entries before ``acked``: the sidecar has applied them."""
+        """The side entries and stamps before ``acked``: the sidecar has applied them."""
+        if self.stamped:  # (their events back to the pool: resolved and told)
+            ring, release = self.ring, self.rec.events.release
+            for p in range(self._released, acked):
+                stamp = ring.take_stamp_at(p)
+                if stamp is not None:
+                    release(stamp[0])
+            self._released = max(self._released, acked)
         sides, told = self.ring.sides, self._sides_told
         if sides and next(iter(sides)) < acked:
             for p in [p for p in sides.copy() if p < acked]:  # (a copy: as _fresh_sides)
@@ -194,8 +232,9 @@ class RawHandover:
         stacks = self.ring.tables.stack_objects
         if token is not None and token not in stacks:
             return  # a stack this process did not name: keep the slots (catch up from before)
-        self._acked = self.ring.writer.acked = min(position, self.ring.writer.pos)
-        self._let_go(self._acked)
+        acked = min(position, self.ring.writer.pos)
+        self._let_go(acked)  # (first: the writer stamps the slots past a ring from then on)
+        self._acked = self.ring.writer.acked = acked
         self._idle = (next_index, stacks.get(token) if token is not None else None)
 
     def leave_raw(self) -> None:
@@ -237,25 +276,44 @@ class RawHandover:
         dropped = rec.dropped_steps, rec.dropped_phases
         gone = self._gone()
         rec.apply_entries(early)
-        tables, start = ring.tables, self._acked
-        while start < writer.pos:  # (in pieces: a ring's worth is thousands of steps)
-            end = min(writer.pos, start + CATCH_UP_SLOTS)
-            rec.apply_entries(decode(ring.view, ring.capacity, start, end, tables,
-                                     tables.stack_objects.get, ring.sides)[0])  # fmt: skip
-            self.caught_up += end - start
-            start = end
-            rec.release_finished(gone)  # the sidecar's replica has them
-        ring.sides.clear()
-        self._sides_told.clear()
+        # What the sidecar was told of, its steps released here (its replica has them),
+        # then what it was not (a stamped session's slots not resolved yet): kept here.
+        for start, end in self._pieces(self._acked, self._told):
+            rec.apply_entries(self._entries(start, end))
+            rec.release_finished(gone)
         rec.dropped_steps, rec.dropped_phases = dropped
         while len(rec.loose_scalars) > loose:
             rec.loose_scalars.pop()
+        for start, end in self._pieces(self._told, writer.pos):
+            rec.apply_entries(self._entries(start, end))
+        ring.sides.clear()
+        self._sides_told.clear()
+
+    def _pieces(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Ring positions ``start`` to ``end`` in pieces of at most CATCH_UP_SLOTS (a
+        ring's worth is thousands of steps)."""
+        return [(p, min(end, p + CATCH_UP_SLOTS)) for p in range(start, end, CATCH_UP_SLOTS)]
+
+    def _entries(self, start: int, end: int) -> list[tuple[Any, ...]]:
+        """The log entries of slots ``start`` to ``end``, a stamped session's with their
+        stamps (the table's no more: the entries' replay takes their events)."""
+        ring = self.ring
+        tables = ring.tables
+        entries = decode(ring.view, ring.capacity, start, end, tables, tables.stack_objects.get,
+                         ring.sides)[0]  # fmt: skip
+        self.caught_up += end - start
+        if self.stamped:
+            take = ring.take_stamp_at
+            entries = [(*e, take(p)) for p, e in enumerate(entries, start)]
+        return entries
 
     def detach(self) -> None:
         """The hooks write no more to the ring: a write in flight now is refused and goes
         to the log, and the recorder's own ``transition`` methods are back."""
         self.ring.writer.open = 0
         self.rec.route_to(None)
+        if self.stamped:
+            self.ring.stamp_with(None)
 
     def _acked_from_header(self) -> None:
         """A shared ring's last acknowledgement, as the sidecar published it."""

@@ -7,12 +7,14 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(HELLO, settings, version, offset_ns, parent_pid, record plan or None)`` first;
 - ``(DELIVERY, parts, scalars, counters, regions, counts, probe_state, facts)``:
   finished steps (``parts``) with what goes beside them;
-- ``(RING, session, position, news, sides)``: the shared-memory ring (recording/ring.py)
-  is written up to ``position``; ``news``: the boundaries, phase names and stacks its
-  slots may name that were not sent yet, ``sides``: ``(position, entry)`` of its side
-  entries (most messages of a plain loop: raw.py);
-- ``(RAW_BEGIN, session, next_index, step_stack_token, position, news)``,
-  ``(RAW_END, session)``;
+- ``(RING, session, position, news, sides, stamps)``: the shared-memory ring
+  (recording/ring.py) is written up to ``position``; ``news``: the boundaries, phase
+  names and stacks its slots may name that were not sent yet, ``sides``: ``(position,
+  entry)`` of its side entries (most messages of a plain loop: raw.py); ``stamps``: a
+  stamped session's resolved stamps, one per slot from the position told before
+  (handover/event_times.py), else empty;
+- ``(RAW_BEGIN, session, next_index, step_stack_token, position, news, shared, device)``
+  (``device``: a stamped session's CUDA device, else None), ``(RAW_END, session)``;
 - ``(FLUSH, seq, timeout_s)``: answer with ``(FLUSHED, seq, stats, ok)`` once every
   earlier delivery is in the metrics and its spans are exported (or at the timeout);
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;

@@ -84,7 +84,7 @@ class StepSource:
             if before:
                 parts.append([self._resolve(s) for s in before])
             parts.append(StepBlock.of_run(run))
-        with on_device(rec.device):  # (this thread's queries: no context of its own)
+        with on_device(rec.events.device):  # (this thread's queries: no context of its own)
             tail = self._take_resolved(keep_partial)
             delivery.scalars = self._loose_scalars()
         if tail:

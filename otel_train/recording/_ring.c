@@ -49,6 +49,11 @@ typedef struct {
     PyObject *code_of;  /* (boundary) -> its code (registers it) */
     PyObject *refused;  /* (boundary, samples, tokens, padded, t): the write that was not made */
     PyObject *on_due;   /* () */
+    /* A GPU job's (ring.py: Ring.stamp_with): stamper() takes the boundary's stamp (the
+     * C Stamper, stamps.py), kept in stamps (a list of capacity items) at the slot's
+     * index until the training process lets go of it. NULL: a CPU job, no stamps. */
+    PyObject *stamper;
+    PyObject *stamps;
     PyObject *keys[CACHE];
     uint32_t codes[CACHE];
     int ncodes;
@@ -141,10 +146,24 @@ static int write_boundary(Ring *self, PyObject *b, int64_t a, int64_t bb, int64_
     if (code < 0) return -1;
     uint64_t stack = stack_token(self);
     if (!stack) return -1;
+    int64_t when = t ? t : now_ns();
+    if (self->stamper != NULL) { /* the stamp after the clock, as the stamped log's append */
+        PyObject *stamp = PyObject_CallNoArgs(self->stamper);
+        if (stamp == NULL) return -1;
+        Py_ssize_t at = (Py_ssize_t)(self->pos % self->capacity);
+        if (!PyList_CheckExact(self->stamps) || at >= PyList_GET_SIZE(self->stamps)) {
+            Py_DECREF(stamp);
+            PyErr_SetString(PyExc_ValueError, "stamps: a list of capacity items");
+            return -1;
+        }
+        PyObject *old = PyList_GET_ITEM(self->stamps, at);
+        PyList_SET_ITEM(self->stamps, at, stamp);
+        Py_XDECREF(old);
+    }
     slot_t s;
     s.kind = (uint32_t)code;
     s.name = 0;
-    s.t = t ? t : now_ns();
+    s.t = when;
     s.stack = stack;
     s.a = a;
     s.b = bb;
@@ -262,7 +281,31 @@ static void Ring_dealloc(Ring *self) {
     Py_XDECREF(self->code_of);
     Py_XDECREF(self->refused);
     Py_XDECREF(self->on_due);
+    Py_XDECREF(self->stamper);
+    Py_XDECREF(self->stamps);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* stamp_with(stamper, stamps): every boundary written from now on takes a stamp into
+ * stamps (ring.py: Ring.stamp_with); stamp_with(None, None): no more. */
+static PyObject *Ring_stamp_with(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stamp_with(stamper, stamps)");
+        return NULL;
+    }
+    PyObject *stamper = args[0] == Py_None ? NULL : args[0];
+    PyObject *stamps = args[1] == Py_None ? NULL : args[1];
+    if ((stamper == NULL) != (stamps == NULL) ||
+        (stamps != NULL && (!PyList_CheckExact(stamps) ||
+                            PyList_GET_SIZE(stamps) < self->capacity))) {
+        PyErr_SetString(PyExc_ValueError, "stamp_with(stamper, a list of capacity items)");
+        return NULL;
+    }
+    Py_XINCREF(stamper);
+    Py_XINCREF(stamps);
+    Py_XSETREF(self->stamper, stamper);
+    Py_XSETREF(self->stamps, stamps);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Ring_forget_thread(Ring *self, PyObject *unused) {
@@ -289,6 +332,8 @@ static PyMethodDef Ring_methods[] = {
      "A counted boundary: counted(b, samples, tokens, padded, t=0)."},
     {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL,
      "put(kind, name, stack, t, a, b, c) -> position, or -1 if refused."},
+    {"stamp_with", (PyCFunction)(void (*)(void))Ring_stamp_with, METH_FASTCALL,
+     "stamp_with(stamper, stamps): each boundary's stamp into stamps at its index."},
     {"forget_thread", (PyCFunction)Ring_forget_thread, METH_NOARGS,
      "Look the calling thread's stack up again at the next write."},
     {"release", (PyCFunction)Ring_release, METH_NOARGS, "Close for good; let go of the buffer."},

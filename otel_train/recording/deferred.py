@@ -59,6 +59,12 @@ class DeferredLog(PhaseMachine):
         # Who takes the log unapplied, if anyone: anything that needs this recorder's
         # state has it catch up first.
         self.handover: Unapplied | None = None
+        # Where applying the log (drain.py's drain_blocks(), or a settle) last left this
+        # machine idle, when marks_idle is set (the sidecar's replica: the training
+        # process lets go of what it sent up to there): (entries applied since, next step
+        # index, step stack), or None if it never was.
+        self.marks_idle = False
+        self.idle_mark: tuple[int, int, Any] | None = None
         self._scalar_events = False  # CUDA scalars were recorded (see _device_scalars)
         # The newest entry time that left the log or the queue (progress_ns).
         self.progress_floor = 0
@@ -117,8 +123,9 @@ class DeferredLog(PhaseMachine):
 
     @property
     def stamping(self) -> bool:
-        """Whether hooks log with stamps (the device timed): the log is replayed here,
-        in this process, never handed on unapplied."""
+        """Whether hooks log with stamps (the device timed): a raw session's slots then
+        take them too, and their events are resolved here before the slots are told
+        (handover/event_times.py)."""
         return self._defer and self._cuda
 
     def note_progress(self, t: int) -> None:
@@ -153,9 +160,11 @@ class DeferredLog(PhaseMachine):
         self.window_room = room
         if self._defer and timed and self._log.__class__ is not StampedLog:
             self._log = StampedLog(self.stamper(), self._log)  # (a thread's hook: stamps)
-        # Stamped logs are taken by a thread of their own (the worker, the feeder's):
-        # the training thread hands on only a large backlog.
-        take = max(self._take_limit, MAX_LOG // 4) if timed else self._take_limit
+        # Stamped logs are taken by a thread of their own (the worker): the training
+        # thread hands on only a large backlog. With a raw hand-over it pumps as without
+        # stamps: its pumps begin the raw sessions, which carry the stamps.
+        stamped_alone = timed and self.handover is None
+        take = max(self._take_limit, MAX_LOG // 4) if stamped_alone else self._take_limit
         if self._defer and room - 1 < take:
             self._log_limit, self._on_full = room - 1, self._near_window
         else:
@@ -326,8 +335,11 @@ class DeferredLog(PhaseMachine):
                 # Entries appended meanwhile wait for the next pass (or the next call).
                 count = len(log) if limit < 0 else min(limit, len(log))
                 self.note_progress(newest_time(log, count))
-                for _ in range(count):
-                    replay(popleft())
+                if self.marks_idle:
+                    self._replay_marking(count, replay)
+                else:
+                    for _ in range(count):
+                        replay(popleft())
                 if limit >= 0:
                     break
         except Exception:
@@ -335,6 +347,23 @@ class DeferredLog(PhaseMachine):
             self._fail()
         if self._debug is not None:
             self._decide_deferral()
+
+    def _replay_marking(self, count: int, replay: Any) -> None:
+        """(A replica's settle: the sidecar's.) ``count`` entries of the log replayed, the
+        last point among them where nothing was open marked (``idle_mark``, as
+        drain.py's: entries applied after it, next step index, step stack)."""
+        log = self._log
+        mark = None
+        for i in range(count):
+            if self._is_idle():
+                mark = (i, self._next_index, self.step_stack)
+            replay(log.popleft())
+        if self._is_idle():
+            mark = (count, self._next_index, self.step_stack)
+        if mark is not None:
+            self.idle_mark = (count - mark[0], *mark[1:])
+        elif self.idle_mark is not None:  # (an earlier one not reported yet: older now)
+            self.idle_mark = (self.idle_mark[0] + count, *self.idle_mark[1:])
 
     def _replay(self, item: tuple[Any, ...]) -> None:
         """Apply one logged entry: ``(stack, t, kind, ...)``, or ``(None, 0, kind, ...)``
@@ -406,7 +435,7 @@ class DeferredLog(PhaseMachine):
         phase or background tree, no finished step)."""
         return (
             self._defer
-            and not self.stamping  # (events cross no process: steps go resolved)
+            and not self._scalar_events  # (a CUDA scalar's event crosses no process)
             and self.window_room > room
             and len(self._log) <= max_logged
             and not self._pending
@@ -428,38 +457,20 @@ class DeferredLog(PhaseMachine):
         """Move the logged entries, oldest first, into ``ring``'s slots for the sidecar
         to apply; False if the ring refused one (it and those after it stay logged)."""
         log = self._log
+        put = ring.put_stamped if log.__class__ is StampedLog else ring.put_entry
         while log:
-            if not ring.put_entry(log[0]):
+            if not put(log[0]):
                 return False
             log.popleft()
         return True
 
-    def log_entries(self, entries: list[tuple[Any, ...]]) -> None:
-        """Log entries decoded elsewhere (a replica's: the training process's ring), to
-        be applied as the hooks' own are."""
-        self._log.extend(entries)
-
     def apply_entries(self, entries: Iterable[tuple[Any, ...]]) -> None:
         """Apply ``entries`` here now, in order, as if logged and settled (the lock is
-        held: a raw hand-over's catch-up)."""
-        replay = self._replay
+        held: a raw hand-over's catch-up); while stamps are taken, each with its stamp
+        last, as the log's."""
+        replay = self._replay_stamped if self._log.__class__ is StampedLog else self._replay
         for entry in entries:
             replay(entry)
-
-    def idle_at(self, next_index: int, stack: Any) -> None:
-        """Go on from where the one that applied the log elsewhere was idle: no step
-        open, ``next_index`` the next step's index, ``stack`` the step stack (the lock
-        is held)."""
-        self._next_index, self.step_stack = next_index, stack
-        self._current = None
-
-    def drop_open(self) -> None:
-        """Forget the open step, the open scoped steps and the background trees, none
-        of them finished: a replica's, when the training process takes its state back
-        and goes on with them (sidecar/replica.py)."""
-        self._current = None
-        self._scoped.clear()
-        self.reset_background()
 
     @property
     def stack_getter(self) -> Callable[[], list[list[Any]]]:

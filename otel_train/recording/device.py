@@ -166,3 +166,41 @@ class DeviceClock:
 def now_offset_ns() -> int:
     """Add to ``perf_counter_ns()`` to get Unix-epoch ns."""
     return time.time_ns() - time.perf_counter_ns()
+
+
+class ResolvedEvent:
+    """An event another process resolved: its device time as host-clock ns (a float,
+    handover/event_times.py). It answers what the step machine and the worker ask of an
+    event, ``query()`` and ``elapsed_time``, as the CUDA event it stands for would: a
+    difference of two is the elapsed time between the events they stand for."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self, ns: float) -> None:
+        self.ns = ns
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: ResolvedEvent) -> float:
+        """Milliseconds from this event to ``end``, as ``torch.cuda.Event.elapsed_time``."""
+        return (end.ns - self.ns) / 1e6
+
+
+class ResolvedPool(EventPool):
+    """The pool of a replica recorder (the sidecar's: sidecar/replica.py), whose events
+    are :class:`ResolvedEvent` objects that come with the entries: it records none, and
+    keeps none it is handed back (its holders are counted as a pool's are)."""
+
+    __slots__ = ()
+
+    def record(self) -> Any:
+        raise RuntimeError("a replica records no event: its entries carry resolved times")
+
+    def release(self, ev: Any) -> None:
+        if ev is None:
+            return
+        holders = self._holders
+        more = holders.pop(id(ev), 0)
+        if more > 1:
+            holders[id(ev)] = more - 1

@@ -3,6 +3,8 @@
 A layer of the recorder over the deferred log (deferred.py): :meth:`BlockDrain.drain_blocks`
 applies the log like ``settle()`` does, except that runs of steps whose boundaries repeat
 a shape learned in shapes.py leave it as runs (templates.py), with no step replayed.
+It also holds what a replica (the sidecar's) needs to apply a log written elsewhere: the
+entries logged from outside, and the state taken from where the training process was.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from .deferred import DeferredLog
 from .layouts import L_KIND, L_SCALARS, L_STACK, Step, newest_time
 from .scopes import CYCLE
 from .shapes import StepShapes
+from .stamps import StampedLog
 from .templates import KIND, STACK, Run, Template
 
 
@@ -21,11 +24,6 @@ class BlockDrain(DeferredLog):
         super().__init__(*args, **kwargs)
         self._shapes = StepShapes(self.settings)
         self.blocks = True  # whether drain_blocks() may take blocks (tests compare both ways)
-        # Where drain_blocks() last left this machine idle, when marks_idle is set (the
-        # sidecar's replica: the training process lets go of what it sent up to there):
-        # (entries taken since, next step index, step stack), or None if it never was.
-        self.marks_idle = False
-        self.idle_mark: tuple[int, int, Any] | None = None
 
     @property
     def _templates(self) -> dict[Any, Any]:
@@ -123,3 +121,34 @@ class BlockDrain(DeferredLog):
         if tpl.mode != CYCLE:
             self.step_stack = stack
         return k * tpl.m
+
+    # -- a replica's (the sidecar's: sidecar/replica.py): the log from elsewhere ----------
+
+    def time_resolved(self, device: int) -> None:
+        """(A replica: the sidecar's.) The entries logged from now on carry stamps whose
+        events were resolved in the training process (device.ResolvedEvent), whose device
+        is ``device``: steps and phases are timed on it as they are there."""
+        if self._replay_only and not self._cuda:
+            self.device = device
+            self._cuda = True
+            self._log = StampedLog(None, self._log)
+
+    def log_entries(self, entries: list[tuple[Any, ...]]) -> None:
+        """Log entries decoded elsewhere (a replica's: the training process's ring), to
+        be applied as the hooks' own are."""
+        self._log.extend(entries)
+
+    def idle_at(self, next_index: int, stack: Any) -> None:
+        """Go on from where the one that applied the log elsewhere was idle: no step
+        open, ``next_index`` the next step's index, ``stack`` the step stack (the lock
+        is held)."""
+        self._next_index, self.step_stack = next_index, stack
+        self._current = None
+
+    def drop_open(self) -> None:
+        """Forget the open step, the open scoped steps and the background trees, none
+        of them finished: a replica's, when the training process takes its state back
+        and goes on with them (sidecar/replica.py)."""
+        self._current = None
+        self._scoped.clear()
+        self.reset_background()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..settings import ConfigError, Settings
 from . import capture
-from .device import EventPool
+from .device import EventPool, ResolvedPool
 from .layouts import (
     P_EV0,
     P_EV1,
@@ -95,7 +95,9 @@ class StepMachine(StepLinks, BoundaryStamps):
         self.max_pending = settings.max_pending_steps
         self.dropped_steps = 0
         self.dropped_phases = 0
-        self.events = EventPool()  # the bound device's (device.py): every event comes from it
+        # The bound device's (device.py): every event comes from it; a replica's events
+        # come resolved with its entries (ResolvedPool).
+        self.events = ResolvedPool() if replay_only else EventPool()
         self.memory: CudaMemoryTracker | None = None
         self._cuda = False
         # The CUDA device events and memory figures are taken on: the model's (bind_device),

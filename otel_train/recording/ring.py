@@ -7,7 +7,11 @@ training thread, and an adapter's boundary is one call into C (``_ring.c``; the
 :class:`Writer` below is the same writer in Python, used where that does not build).
 What a slot cannot hold (a phase that ended with an error, scalars, a remote phase) is a
 *side entry*: its slot says SIDE, and the entry itself, a log tuple, goes beside the
-ring, keyed by the slot's position.
+ring, keyed by the slot's position. A GPU job's boundary also has a stamp (its pooled
+CUDA event and allocator sample: stamps.py), which the writer takes after the clock and
+keeps in :attr:`Ring.stamps`, a table indexed by the slot's position modulo the capacity
+(:meth:`Ring.stamp_with`): events cross no process, so the training process resolves
+them before the sidecar reads the slot (handover/event_times.py).
 
 A slot, by field: ``kind`` (a log kind of layouts.py, SIDE, or a boundary's code from
 FIRST_CODE on), ``name`` (a phase name's code), ``t`` (host ns), ``stack`` (the
@@ -140,6 +144,11 @@ class Writer:
         self.pos = self.acked = self.last_t = 0
         self.due = 1 << 62
         self.open = 0
+        self._stamper: Callable[[], Any] | None = None
+        self._stamps: list[Any] = []
+
+    def stamp_with(self, stamper: Callable[[], Any] | None, stamps: list[Any] | None) -> None:
+        self._stamper, self._stamps = stamper, stamps if stamps is not None else []
 
     def _write(self, kind: int, name: int, stack: int, t: int, a: int, b: int, c: int) -> int:
         at = self.pos
@@ -173,7 +182,10 @@ class Writer:
             try:
                 code, stack = self._code_of(b), self._stack_of()
                 counts = (_value(samples), _value(tokens), _value(padded))
-                self._write(code, 0, stack, t or perf_counter_ns(), *counts)
+                t = t or perf_counter_ns()
+                if self._stamper is not None:  # (the stamp after the clock, as the C one)
+                    self._stamps[self.pos % self.capacity] = self._stamper()
+                self._write(code, 0, stack, t, *counts)
                 return
             except Exception:
                 pass
@@ -206,6 +218,10 @@ class Ring:
         self.view = mmap.mmap(self.fd, size, flags=flags)
         self.tables = Tables()
         self.sides: dict[int, tuple[Any, ...]] = {}  # position -> side entry
+        # A GPU job's stamps (stamps.py) by slot index, while stamp_with() is on: each
+        # written slot with a time gets its boundary's, None the others.
+        self.stamps: list[Any] | None = None
+        self._stamper: Callable[[], Any] | None = None
         self._thread_stack = recorder.stack_getter
         kind = NATIVE if native and NATIVE is not None else Writer
         self.writer = kind(
@@ -219,6 +235,28 @@ class Ring:
         acked = max(w.acked, read_ack(self.view)[1])
         return bool(w.open) and w.pos - acked >= w.capacity
 
+    def stamp_with(self, stamper: Callable[[], Any] | None) -> None:
+        """Every boundary written from now on takes its stamp with ``stamper`` (the
+        recorder's, stamps.py) into :attr:`stamps` at its slot's index; None: no more."""
+        if stamper is not None and self.stamps is None:
+            self.stamps = [None] * self.capacity
+        self._stamper = stamper
+        self.writer.stamp_with(stamper, self.stamps if stamper is not None else None)
+
+    def stamp_at(self, position: int) -> Any:
+        """The stamp of the slot at ``position`` (None: none taken)."""
+        stamps = self.stamps
+        return None if stamps is None else stamps[position % self.capacity]
+
+    def take_stamp_at(self, position: int) -> Any:
+        """The stamp of the slot at ``position``, no longer the table's."""
+        stamps = self.stamps
+        if stamps is None:
+            return None
+        i = position % self.capacity
+        stamp, stamps[i] = stamps[i], None
+        return stamp
+
     @property
     def native(self) -> bool:
         return not isinstance(self.writer, Writer)
@@ -226,8 +264,28 @@ class Ring:
     def _stack_of(self) -> int:
         return self.tables.token_of(self._thread_stack())
 
-    def put_entry(self, item: tuple[Any, ...]) -> bool:
-        """A log entry as a slot (a side entry if no slot holds it); False if refused."""
+    def put_entry(self, item: tuple[Any, ...], stamp: Any = None) -> bool:
+        """A log entry as a slot (a side entry if no slot holds it); False if refused.
+        While stamps are taken, an entry with a time gets ``stamp``, or one taken now
+        (set after the slot: a reader that finds the slot without it waits for it)."""
+        stamper = self._stamper
+        if stamper is None or not item[1]:
+            return self._put(item) >= 0
+        if stamp is None:
+            stamp = stamper()
+        at = self._put(item)
+        if at < 0:
+            return False  # (its event, recorded for nothing, is let go of with the stamp)
+        assert self.stamps is not None
+        self.stamps[at % self.capacity] = stamp
+        return True
+
+    def put_stamped(self, item: tuple[Any, ...]) -> bool:
+        """An entry of a stamped log (its stamp its last element) as a slot."""
+        return self.put_entry(item[:-1], item[-1] if item[1] else None)
+
+    def _put(self, item: tuple[Any, ...]) -> int:
+        """``item`` written: its slot's position, or -1 if refused."""
         w, tables = self.writer, self.tables
         kind = item[L_KIND]
         stack = item[0]
@@ -236,24 +294,23 @@ class Ring:
             code = tables.code_of(kind)
             if kind[B_COUNTED]:
                 counts = (_value(item[3]), _value(item[4]), _value(item[5]))
-                return w.put(code, 0, token, item[1], *counts) >= 0
-            return w.put(code, 0, token, item[1], NONE, NONE, NONE) >= 0
+                return w.put(code, 0, token, item[1], *counts)
+            return w.put(code, 0, token, item[1], NONE, NONE, NONE)
         if kind == ENTER and item[3].__class__ is str:
-            return w.put(ENTER, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE) >= 0
+            return w.put(ENTER, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE)
         if kind == EXIT and item[4] is None and (item[3] is None or item[3].__class__ is str):
-            return w.put(EXIT, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE) >= 0
+            return w.put(EXIT, tables.name_code(item[3]), token, item[1], NONE, NONE, NONE)
         if kind == STEP_BEGIN and _small(item[3]) and _small(item[4]):
-            return w.put(STEP_BEGIN, 0, token, item[1], _value(item[3]), _value(item[4]), NONE) >= 0
+            return w.put(STEP_BEGIN, 0, token, item[1], _value(item[3]), _value(item[4]), NONE)
         if kind == STEP_END:
-            return w.put(STEP_END, 0, token, item[1], NONE, NONE, NONE) >= 0
+            return w.put(STEP_END, 0, token, item[1], NONE, NONE, NONE)
         if kind == COUNTS and all(_small(v) for v in item[3:6]):
             counts = (_value(item[3]), _value(item[4]), _value(item[5]))
-            return w.put(COUNTS, 0, 0, 0, *counts) >= 0
+            return w.put(COUNTS, 0, 0, 0, *counts)
         at = w.put(SIDE, 0, token, 0, NONE, NONE, NONE)
-        if at < 0:
-            return False
-        self.sides[at] = item
-        return True
+        if at >= 0:
+            self.sides[at] = item
+        return at
 
     def close(self) -> None:
         """For good: no more writes; the memory is let go of."""

@@ -4,10 +4,12 @@ A CUDA event has to be recorded, and the allocator's peak read, when the trainin
 thread passes a boundary; everything else (which step, which phases, what they hold)
 can wait. So once the device is timed the hooks still only log: each logged entry
 carries a *stamp* taken at the hook (:data:`Stamp`; in one C call where _stamp.c
-builds) as its last element (:class:`StampedLog`), and the step machine replays the
-log later on the thread that takes it (the worker, or the sidecar's feeder thread),
+builds) as its last element (:class:`StampedLog`), or in a raw session its slot has one
+in the ring's stamps table (ring.py), and the step machine replays the entries later,
 using the stamp wherever the immediate path would record an event or read the
-allocator (:class:`BoundaryStamps`).
+allocator (:class:`BoundaryStamps`): on the worker (``sidecar="off"``), or in the
+sidecar's replica with the events resolved in this process first
+(handover/event_times.py; there a :class:`~.device.ResolvedEvent` stands for each).
 
 One event per boundary: the phase that ends there and the phase (or step) that begins
 there share it, so an event may be held by several rows. The pool counts its holders

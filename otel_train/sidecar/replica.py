@@ -23,6 +23,7 @@ from ..handover import wire
 from ..handover.wire import replica_stacks, stack_of
 from ..processing.blocks import Shape, StepBlock
 from ..processing.source import Counters, Delivery, StepSource, finished
+from ..recording.device import ResolvedEvent
 from ..recording.recorder import Recorder
 from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
 
@@ -118,6 +119,9 @@ class RemoteSource:
         self.shared = False  # this raw session's ring says how far it is written (raw.py)
         self.tables = RingTables()
         self._sides: dict[int, tuple[Any, ...]] = {}
+        # A stamped session's (a GPU job's) resolved stamps by ring position, until their
+        # slots are decoded: handover/event_times.py.
+        self._stamps: dict[int, Any] = {}
         self._start = 0  # ring position of this raw session's first slot
         self._read = 0  # ring position decoded up to
         self._written = 0  # ring position the training process said it wrote up to
@@ -153,14 +157,23 @@ class RemoteSource:
                 if part:
                     self.dropped += part.k if isinstance(part, StepBlock) else len(part)
 
-    def ring(self, session: int, position: int, news: Any, sides: list[tuple[int, Any]]) -> None:
-        """The ring is written up to ``position``, with these codes and side entries:
-        apply its slots."""
+    def ring(
+        self, session: int, position: int, news: Any, sides: list[tuple[int, Any]],
+        stamps: list[Any] | None = None,
+    ) -> None:  # fmt: skip
+        """The ring is written up to ``position``, with these codes and side entries
+        (and a stamped session's resolved stamps from the position told before): apply
+        its slots."""
         with self._lock:
             if self.disabled or session != self.session:
                 return
             self.tables.learn(news)
             self._sides.update(sides)
+            if stamps:
+                first = self._written
+                self._stamps.update(
+                    (p, _stamp(r)) for p, r in enumerate(stamps, first) if r is not None
+                )
             self._written = max(self._written, position)
             self._advance(taking=False)
 
@@ -178,9 +191,13 @@ class RemoteSource:
             if not taking and self._held >= DUE_HELD_STEPS:
                 break
             end = min(self._written, self._read + DECODE_SLOTS)
+            start = self._read
             entries, self._read = decode(self._view, self._capacity, self._read, end,
                                          self.tables, self.tables.stack_objects.get,
                                          self._sides)  # fmt: skip
+            if self.replica.device_timed:  # (each with its stamp last, as a stamped log's)
+                pop = self._stamps.pop
+                entries = [(*e, pop(p, None)) for p, e in enumerate(entries, start)]
             self.replica.log_entries(entries)
             self._appended += len(entries)
             if self._read < end:
@@ -204,10 +221,14 @@ class RemoteSource:
         return delivery
 
     def raw_begin(self, session: int, next_index: int, token: Any, position: int,
-                  news: Any, shared: bool) -> None:  # fmt: skip
+                  news: Any, shared: bool, device: int | None = None) -> None:  # fmt: skip
         """A raw session from ring position ``position``; ``shared``: the ring's header
-        says how far it is written and takes the acknowledgements (raw.py)."""
+        says how far it is written and takes the acknowledgements (raw.py); ``device``:
+        a stamped session's (a GPU job's) device, its slots' stamps come with the RING
+        messages."""
         with self._lock:
+            if device is not None:
+                self.replica.time_resolved(device)
             self.shared = shared and self._view is not None
             self.tables.learn(news)
             stack = self.tables.stack_objects.get(token) if token is not None else None
@@ -215,6 +236,7 @@ class RemoteSource:
             self.session, self._appended, self._reported = session, 0, 0
             self._start = self._read = self._written = position
             self._sides.clear()
+            self._stamps.clear()
 
     def raw_end(self, session: int) -> None:
         """The training process caught up: keep the steps the entries finished, drop the
@@ -336,3 +358,9 @@ class RemoteSource:
             self.disabled = True
             self._deliveries.clear()
             self._held = 0
+
+
+def _stamp(resolved: tuple[float | None, Any, bool]) -> tuple[Any, Any, bool]:
+    """A stamp as the replica applies it: the resolved time as an event."""
+    ns, sample, on = resolved
+    return (ResolvedEvent(ns) if ns is not None else None, sample, on)

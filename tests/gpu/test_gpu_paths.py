@@ -11,6 +11,7 @@ that telemetry stayed on and that the figures are there; the CPU twins of most o
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import urllib.request
@@ -282,3 +283,57 @@ def test_no_context_on_a_device_other_than_the_recorders() -> None:
     assert otel_train.shutdown(timeout=30)
     listing = torch.cuda.list_gpu_processes(0)
     assert str(os.getpid()) not in listing, listing
+
+
+def test_a_gpu_jobs_boundaries_go_through_the_ring_to_the_sidecar(
+    cuda: torch.device, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Issue 37: with the sidecar, a GPU job's hooks write slots and stamps into the ring
+    (no step opens in the training process), the feeder's thread resolves the events,
+    and the sidecar's phases are device-timed: a forward that waits on the device for a
+    known time (``torch.cuda._sleep``) is at least that long there, whatever its host time.
+    The CPU twin: tests/unit/test_gpu_ring.py."""
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    model, opt = mlp(cuda)
+    x = torch.randn(64, 1024, device=cuda)
+    spin = 20_000_000  # GPU cycles: ~10 ms on a 2 GHz clock
+
+    def slower(module: Any, args: Any) -> None:
+        torch.cuda._sleep(spin)  # (the device busy inside the timed forward)
+
+    otel_train.instrument(model, optimizer=opt, prometheus=False, console="off",
+                          run_dir=str(tmp_path), trace_steps="all")  # fmt: skip
+    session = _healthy()
+    handover = session.feeder.handover
+    for _ in range(200):
+        _steps(model, opt, x, 4)
+        if handover.raw:
+            break
+    assert handover.raw and handover.stamped, "no stamped raw session began"
+    hook = model[0].register_forward_pre_hook(slower)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _steps(model, opt, x, 20)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        hook.remove()
+    assert handover.raw and handover.left == 0
+    assert otel_train.flush(timeout=30)
+    assert otel_train.shutdown(timeout=30)
+    spans = [
+        s
+        for f in tmp_path.glob("*/rank0.traces.jsonl")
+        for line in f.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+        if s["name"] == "forward"
+    ]
+    lengths = sorted(int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) for s in spans)
+    clocks = {a["value"]["stringValue"] for s in spans for a in s["attributes"]
+              if a["key"] == c.PHASE_CLOCK.key}  # fmt: skip
+    assert clocks == {"device"}
+    print(
+        f"forward spans: {len(spans)}, the 20 slowed ones' device ms from {lengths[-20] / 1e6:.3f}"
+    )  # (the spin's length depends on the clock)
+    assert lengths[-20] >= 3_000_000  # (~10 ms of spin at any clock under ~6.7 GHz)
