@@ -2,7 +2,10 @@
 
 - ``SpanBatcher``: a span processor with a bounded queue. When the queue is full the
   new span is dropped and counted (the SDK's batch processor logs a warning per span).
-  It exports from its own thread and never from a forked child.
+  While its exports fail (the last one did) the bound is ``OUTAGE_QUEUE`` spans: what it
+  held past that is dropped and counted too, so a collector that is down or hung costs
+  a few spans of memory, not a full queue. It exports from its own thread and never from
+  a forked child.
 - ``GuardedSpanExporter`` / ``GuardedMetricExporter``: wrap the OTLP exporters; count
   what failed to export, send nothing from a forked child, and once ``abandon()``-ed
   (the shutdown deadline passed) interrupt the exporter's retries and drop quietly.
@@ -30,6 +33,10 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 _log = logging.getLogger("otel_train")
+
+# The span queue's bound while its exports fail: a small batch to send when the collector
+# answers again, not the 2,048 spans (~7 MiB in the sidecar) of the full queue.
+OUTAGE_QUEUE = 64
 
 # The loggers the OTLP exporters (and their HTTP client) write their retry messages to.
 EXPORTER_LOGGERS = (
@@ -253,6 +260,9 @@ class SpanBatcher(SpanProcessor):
 
     Sizes follow the standard ``OTEL_BSP_MAX_QUEUE_SIZE`` (2048),
     ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (512) and ``OTEL_BSP_SCHEDULE_DELAY`` (5000 ms).
+    While its exports fail (the last one did not succeed) the queue and the batch are at
+    most ``OUTAGE_QUEUE`` spans. Its own result, not ``health.outage()``: a collector that
+    refuses metrics and takes spans must not cost spans.
     """
 
     def __init__(self, exporter: SpanExporter, health: ExportHealth) -> None:
@@ -261,6 +271,8 @@ class SpanBatcher(SpanProcessor):
         self.max_queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self.batch = min(self.max_queue, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
         self.delay_s = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.outage_queue = min(self.max_queue, OUTAGE_QUEUE)
+        self.failing = False  # the last export did not succeed
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
@@ -279,12 +291,16 @@ class SpanBatcher(SpanProcessor):
         if ctx is None or not ctx.trace_flags.sampled:
             return
         queue = self._queue
-        if len(queue) >= self.max_queue:
+        if len(queue) >= self.bound():
             self.health.span_queue_full += 1
             return
         queue.append(span)
         if len(queue) >= self.batch:
             self._wake.set()
+
+    def bound(self) -> int:
+        """The queue's bound now: smaller while exports fail."""
+        return self.outage_queue if self.failing else self.max_queue
 
     def _run(self) -> None:
         while not self._stopped:
@@ -297,11 +313,22 @@ class SpanBatcher(SpanProcessor):
         exporter, spans = self.exporter, self._queue
         with self._export_lock:
             while spans:
-                batch = [spans.popleft() for _ in range(min(self.batch, len(spans)))]
+                bound = self.bound()
+                self._trim(bound)
+                batch = [spans.popleft() for _ in range(min(self.batch, bound, len(spans)))]
                 try:
-                    exporter.export(batch)
+                    self.failing = exporter.export(batch) != SpanExportResult.SUCCESS
                 except Exception:
                     self.health.spans_failed += len(batch)
+                    self.failing = True
+
+    def _trim(self, bound: int) -> None:
+        """Drop (and count) the newest spans past ``bound``: those queued while the
+        export that failed was under way, beyond what an outage keeps."""
+        spans = self._queue
+        while len(spans) > bound:
+            spans.pop()
+            self.health.span_queue_full += 1
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         if self._pid != os.getpid():

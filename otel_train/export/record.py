@@ -45,6 +45,9 @@ FILE_MODE = 0o600  # (the directory's: run_directory.DIRECTORY_MODE)
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
 RECORD_INTERVAL_S = 5.0  # metric snapshots in the record (at most the export interval)
 KEEP_PARTS = 3  # rotated parts kept per file besides the current one
+# Spans per line: a batch (512) is written as several requests, so encoding one holds a
+# few hundred KiB of JSON objects at a time, not ~7 MiB (the sidecar's peak memory).
+LINE_SPANS = 64
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 # rank0.traces.jsonl, and its rotated parts rank0.traces.1.jsonl (older: higher numbers)
 PART_NAME = re.compile(r"^(?P<prefix>.+)\.(?P<kind>traces|metrics)(?:\.(?P<part>\d+))?\.jsonl$")
@@ -231,6 +234,12 @@ class RecordSpanExporter(SpanExporter):
         self.file = file
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        ok = True
+        for start in range(0, len(spans), LINE_SPANS):
+            ok = self._line(spans[start : start + LINE_SPANS]) and ok
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def _line(self, spans: Sequence[Any]) -> bool:
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
         try:
@@ -238,9 +247,8 @@ class RecordSpanExporter(SpanExporter):
         except Exception:
             _log.exception("otel-train: encoding spans for the run record failed")
             self.file.dropped += len(spans)
-            return SpanExportResult.FAILURE
-        ok = self.file.write(line, len(spans))
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+            return False
+        return self.file.write(line, len(spans))
 
     def shutdown(self) -> None:
         self.file.close()

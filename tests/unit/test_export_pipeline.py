@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_train.export.pipeline import (
     EXPORTER_LOGGERS,
+    OUTAGE_QUEUE,
     ExportHealth,
     GuardedMetricExporter,
     GuardedSpanExporter,
@@ -29,22 +30,79 @@ from otel_train.export.pipeline import (
 from otel_train.signals import SigtermFlush
 
 
+def _batched(exporter: SpanExporter) -> tuple[ExportHealth, SpanBatcher, TracerProvider]:
+    """A provider whose spans go through a SpanBatcher to ``exporter``, guarded."""
+    health = ExportHealth()
+    batcher = SpanBatcher(GuardedSpanExporter(exporter, health), health)
+    provider = TracerProvider()
+    provider.add_span_processor(batcher)
+    return health, batcher, provider
+
+
 def test_a_full_span_queue_drops_the_new_span_and_counts_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # only force_flush exports
-    health = ExportHealth()
     memory = InMemorySpanExporter()
-    batcher = SpanBatcher(GuardedSpanExporter(memory, health), health)
-    provider = TracerProvider()
-    provider.add_span_processor(batcher)
+    health, batcher, provider = _batched(memory)
     tracer = provider.get_tracer("t")
     for i in range(10):
         tracer.start_span(f"s{i}").end()
     assert health.counts()["span_queue"] == 6
     batcher.force_flush()
     assert [s.name for s in memory.get_finished_spans()] == ["s0", "s1", "s2", "s3"]
+    provider.shutdown()
+
+
+class _Unplugged(InMemorySpanExporter):
+    """Keeps what it is sent, except while its collector is down: then every export fails,
+    after ``meanwhile()`` (spans that end while an export waits on a hung collector)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.meanwhile = lambda: None
+
+    def export(self, spans: Any) -> SpanExportResult:
+        if not self.down:
+            return super().export(spans)
+        self.meanwhile()
+        self.meanwhile = lambda: None
+        return SpanExportResult.FAILURE
+
+
+def test_while_exports_fail_the_span_queue_keeps_a_small_bound_and_counts_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # only force_flush exports
+    collector = _Unplugged()
+    health, batcher, provider = _batched(collector)
+    tracer = provider.get_tracer("t")
+
+    def spans(name: str, n: int) -> None:
+        for _ in range(n):
+            tracer.start_span(name).end()
+
+    spans("before", 500)  # (under a batch: no export on the batcher's thread)
+    collector.down = True
+    collector.meanwhile = lambda: spans("meanwhile", 300)
+    batcher.force_flush()
+    # The first export failed (500); what ended meanwhile is kept up to the outage's
+    # bound (and failed too), the rest dropped and counted.
+    assert health.counts()["export"] == 500 + OUTAGE_QUEUE
+    assert health.counts()["span_queue"] == 300 - OUTAGE_QUEUE
+    spans("during", 1000)
+    assert health.counts()["span_queue"] == 300 + 1000 - 2 * OUTAGE_QUEUE
+    # Back: the full bound again once an export succeeds, and nothing more dropped.
+    collector.down = False
+    batcher.force_flush()
+    dropped = health.counts()["span_queue"]
+    spans("after", 1500)
+    batcher.force_flush()
+    assert health.counts()["span_queue"] == dropped
+    names = [s.name for s in collector.get_finished_spans()]
+    assert names.count("during") == OUTAGE_QUEUE and names.count("after") == 1500
     provider.shutdown()
 
 

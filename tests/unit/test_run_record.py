@@ -18,7 +18,7 @@ import otel_train
 from otel_train import contract as c
 from otel_train import session as session_mod
 from otel_train.export import record
-from otel_train.export.record import KEEP_PARTS, RecordFile
+from otel_train.export.record import KEEP_PARTS, LINE_SPANS, RecordFile, RecordSpanExporter
 from otel_train.export.run_directory import DIRECTORY_MODE, RunDirectory, make_run_directory
 from otel_train.settings import Settings
 
@@ -133,6 +133,28 @@ def test_rotation_keeps_the_file_set_under_its_cap(tmp_path: Path) -> None:
                      "rank0.traces.jsonl"][: KEEP_PARTS + 1]  # fmt: skip
     assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= (KEEP_PARTS + 1) * 10_000
     assert f.dropped == 0
+
+
+def test_a_batch_of_spans_is_written_as_requests_of_at_most_line_spans(tmp_path: Path) -> None:
+    """A batch becomes several lines (encoding a whole batch at once held ~7 MiB)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    f = RecordFile(RunDirectory(str(tmp_path), shared=True), "rank0", "traces", part_bytes=10**8)
+    tracer = TracerProvider().get_tracer("t")
+    spans = []
+    for i in range(3 * LINE_SPANS + 5):
+        span = tracer.start_span(f"s{i}")
+        span.end()
+        spans.append(span)
+    assert RecordSpanExporter(f).export(spans) == SpanExportResult.SUCCESS
+    f.close()
+    lines = [
+        [s["name"] for rs in req["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+        for req in _lines(tmp_path / "rank0.traces.jsonl")
+    ]
+    assert max(len(names) for names in lines) <= LINE_SPANS
+    assert [name for names in lines for name in names] == [f"s{i}" for i in range(len(spans))]
 
 
 FAILING_WRITES = textwrap.dedent("""
