@@ -215,13 +215,13 @@ class Feeder:
             self._pump_raw(pumps % EXTRAS_EVERY == EXTRAS_PHASE)
         else:
             if self.handover.catching_up:  # (another thread replays the ring: its end)
-                with self.source.recorder._lock:
+                with self.source.recorder.lock:
                     pass
             delivery = self.source.take(derive=False, keep_partial=not final)
             # A session starts on the thread that logs (this pump came from its hook):
             # no call of that thread is halfway through logging the old way.
             if not final and not idle and not self._full():
-                with self.source.recorder._lock:
+                with self.source.recorder.lock:
                     self.handover.try_enter()
             self._send_delivery(delivery)
         if write or self.process.queued >= WRITE_AT:
@@ -229,7 +229,7 @@ class Feeder:
 
     def _pump_raw(self, extras: bool) -> None:
         """A raw session's pump: what the sidecar was not told of the ring (raw.py)."""
-        with self.source.recorder._lock:
+        with self.source.recorder.lock:
             told = self.handover.take()
         if told is not None:
             self.process.send((wire.RING, *told))
@@ -325,7 +325,7 @@ class Feeder:
         elif message[0] == wire.ARM and self.efficiency.probe is not None:
             self.efficiency.probe.arm(message[1])
         elif message[0] == wire.IDLE:
-            with self.source.recorder._lock:
+            with self.source.recorder.lock:
                 self.handover.on_idle(*message[1:])
         elif message[0] == wire.CONSOLE:
             self.console.write(message[1])
@@ -393,7 +393,7 @@ class Feeder:
                     self.console.write(self.relay.dropped_line())
                 # (spans dropped on this side, or the application's SDK failed: False)
                 in_time = in_time and not self.relay.dropped and not self.relay.failed
-            with self.source.recorder._lock:
+            with self.source.recorder.lock:
                 self.handover.leave_raw()  # (left at the final pump already, as a rule)
                 self.ring.close()
             return in_time

@@ -423,6 +423,11 @@ class DeferredLog(PhaseMachine):
     # -- the log handed on, and the state taken back (handover/raw.py, replica.py) --------
 
     @property
+    def lock(self) -> threading.RLock:
+        """The state machine's lock: a hand-over starts, ends or takes the ring under it."""
+        return self._lock
+
+    @property
     def next_index(self) -> int:
         """The index the next step begins with, as far as the log is applied (settle()
         first to count every boundary logged so far)."""
