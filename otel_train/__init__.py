@@ -49,12 +49,13 @@ Processes and threads, and the code each runs (the default: the sidecar with ote
 own SDK; docs/rationale.md, "Where the work runs", has the bounds of each hand-over)::
 
     training process
-      training thread     the hooks (adapters/, recording/): one log entry a boundary, or
-                          one ring slot in a raw session (the C writer); with the device
-                          timed, the entry's stamp (an event, an allocator read)
-      otel-train-feeder   (handover/feeder.py, raw.py) every 100 ms: the ring's news and the
-                          sidecar's requests; a stamped log replayed (the step machine)
-                          and its events resolved, resolved steps sent; hang progress
+      training thread     the hooks (adapters/, recording/): one ring slot a boundary in a
+                          raw session (the C writer), else one log entry; with the device
+                          timed, also its stamp (an event, an allocator read)
+      otel-train-feeder   (handover/feeder.py, raw.py, event_times.py) every 100 ms: the
+                          ring's news and the sidecar's requests; with the device timed,
+                          the ring's events resolved in order, their times told; between
+                          raw sessions, finished steps sent; hang progress
       otel-train-relay    (handover/relay_in.py) your providers only: what the sidecar made
       signal handler      (signals.py, the main thread) SIGTERM's bounded flush
     sidecar process       (python -m otel_train.sidecar: sidecar/agent.py, replica.py)

@@ -158,3 +158,30 @@ def test_a_raw_sessions_end_replayed_while_the_feeder_pumps_counts_each_step_onc
     summary = re.search(r"run summary: ([\d,]+) steps", job.stderr)
     assert summary is not None, job.stderr[-3000:]
     assert int(summary.group(1).replace(",", "")) == recorded
+
+
+# The same job with the device timed (the CUDA stand-in installed before anything else):
+# its boundaries go out in stamped raw sessions, whose events the feeder's thread resolves.
+STANDIN = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(Path(__file__).parents[1] / "unit")!r})
+    import cuda_standin, pytest
+    standin = cuda_standin.installed(pytest.MonkeyPatch())
+    standin.__enter__()
+""")
+
+
+def test_a_gpu_jobs_stamped_sessions_count_what_they_drop(tmp_path: Path) -> None:
+    """A GPU-shaped job (the stand-in runtime) whose sidecar falls behind: the ring fills
+    with stamped slots the sidecar does not read, the training process catches up with
+    the table's events, and every step is in the record or in a drop count, once."""
+    job_text = STANDIN + JOB.replace(
+        'print(json.dumps({"sidecar_rss"',
+        'print(json.dumps({"stamped": session.current().feeder.handover.stamped, "sidecar_rss"',
+    )
+    job = _run_job(tmp_path, job_text, str(STEPS), "2000", str(STEPS - 8000))
+    recorded, dropped = job.recorded, job.dropped
+    print(f"\nrecorded {recorded:.0f} + dropped {dropped} of {STEPS} steps")
+    assert job.result["stamped"] is True  # (its sessions carried stamps)
+    assert recorded + job.steps_dropped == STEPS
+    assert job.result["shutdown"] is (not dropped)
