@@ -6,7 +6,7 @@ tuple append to a log; with the device timed also the boundary's stamp (stamps.p
 read). Finished steps go into a bounded deque that the worker drains; when it is full
 the oldest step is dropped and counted, never waited for.
 
-Adapter boundaries (:meth:`Recorder.transition`) append ``(stack, time, ...)`` to the
+Adapter boundaries (``Recorder.transition``) append ``(stack, time, ...)`` to the
 log and return; the step/phase state machine replays the log later, under
 a lock, on whichever thread settles it first (deferred.py). Python code right after a
 step's kernels runs on cold caches (a ``perf_counter_ns`` pair costs ~0.15-0.4 us there
@@ -31,6 +31,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +109,20 @@ class Recorder(TraceEntries):
     recording instead of reaching the training loop. The guard is written out in each
     method rather than wrapped around them: a wrapping decorator adds a call with packed
     arguments to every hook (counted under callgrind: ~70% more instructions for a
-    deferred boundary), and :meth:`transition`, the most frequent hook, keeps the logging
-    half of ``_record`` inline for the same reason (one call more: ~15%).
+    deferred boundary), and :meth:`log_transition`, the most frequent hook, keeps the
+    logging half of ``_record`` inline for the same reason (one call more: ~15%).
+
+    The two entry points the adapters' hooks call per boundary are fields, set in
+    ``__init__`` to this recorder's own logging methods; :meth:`route_to` points them at
+    a ring's writer while a raw hand-over runs (no Python frame of ours per boundary):
+
+    - ``transition(b)``: :meth:`log_transition`, or the writer's ``transition``;
+    - ``counted_transition(b, samples, tokens, padded, t)``: :meth:`log_counted`, or the
+      writer's ``counted``.
     """
+
+    transition: Callable[[Boundary], None]
+    counted_transition: Callable[..., None]  # (b, samples, tokens, padded, t=0)
 
     def __init__(
         self, settings: Settings, replay_only: bool = False, debug: DebugHooks | None = None
@@ -124,6 +136,8 @@ class Recorder(TraceEntries):
         self.dropped_scalars = 0
         # The training thread's collective in flight: (op, group, seq, host t0), or None.
         self.collective_now: tuple[str, str, int | None, int] | None = None
+        self.transition = self.log_transition
+        self.counted_transition = self.log_counted
 
     # -- public scopes -------------------------------------------------------------
 
@@ -169,7 +183,7 @@ class Recorder(TraceEntries):
         except Exception:
             self._fail()
 
-    def transition(self, b: Boundary) -> None:
+    def log_transition(self, b: Boundary) -> None:
         """An adapter hook's whole work in one call, at one timestamp: boundary ``b``
         (see :func:`boundary`).
 
@@ -203,14 +217,12 @@ class Recorder(TraceEntries):
     def route_to(self, ring: Any) -> None:
         """From now on the hooks' boundaries go straight to ``ring``'s writer (the C one:
         no Python frame of ours), a raw session's hand-over (handover/raw.py); ``None``:
-        back to this recorder's own ``transition`` methods."""
+        back to this recorder's own logging methods."""
         self._ring = ring
         if ring is None:
-            self.__dict__.pop("transition", None)
-            self.__dict__.pop("counted_transition", None)
+            self.transition, self.counted_transition = self.log_transition, self.log_counted
         else:
-            self.transition = ring.writer.transition  # type: ignore[method-assign]
-            self.counted_transition = ring.writer.counted  # type: ignore[method-assign]
+            self.transition, self.counted_transition = ring.writer.transition, ring.writer.counted
 
     # -- what the ring's writer did not take -----------------------------------------
 
@@ -224,9 +236,9 @@ class Recorder(TraceEntries):
         if ring is not None and self.enabled and ring.full():
             self.settle()
         if b[B_COUNTED]:
-            Recorder.counted_transition(self, b, samples, tokens, padded, t)
+            self.log_counted(b, samples, tokens, padded, t)
         else:
-            Recorder.transition(self, b)
+            self.log_transition(b)
 
     def ring_due(self) -> None:
         """The ring's writer passed the position it was told to report: hand on now;
@@ -405,7 +417,7 @@ class Recorder(TraceEntries):
         counts to the adapter step open then (one log entry instead of two)."""
         self.counted_transition(DATA_FETCHED, samples, tokens, padded, t)
 
-    def counted_transition(
+    def log_counted(
         self, b: Boundary, samples: int | None, tokens: int | None, padded: int | None,
         t: int = 0,
     ) -> None:  # fmt: skip

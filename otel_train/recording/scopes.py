@@ -61,7 +61,7 @@ def boundary(
     end: int = 0,
     counted: bool = False,
 ) -> Boundary:
-    """An adapter hook's boundary for :meth:`Recorder.transition`, made once per hook site.
+    """An adapter hook's boundary for ``Recorder.transition``, made once per hook site.
 
     Exit ``close`` if it is the innermost open phase (a tuple of names: exit innermost
     phases while they are among them, the adapter's own, never a phase the user opened
