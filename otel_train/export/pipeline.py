@@ -259,7 +259,9 @@ class SpanBatcher(SpanProcessor):
     """Batches finished spans for export; a full queue drops the new span and counts it.
 
     Sizes follow the standard ``OTEL_BSP_MAX_QUEUE_SIZE`` (2048),
-    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (512) and ``OTEL_BSP_SCHEDULE_DELAY`` (5000 ms).
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (512) and ``OTEL_BSP_SCHEDULE_DELAY`` (5000 ms);
+    an exporter that writes ``batch_spans`` at a time (the run record's) gets batches of
+    that size: a larger one would only keep more spans alive while it is written.
     While its exports fail (the last one did not succeed) the queue and the batch are at
     most ``OUTAGE_QUEUE`` spans. Its own result, not ``health.outage()``: a collector that
     refuses metrics and takes spans must not cost spans.
@@ -269,7 +271,9 @@ class SpanBatcher(SpanProcessor):
         self.exporter = exporter
         self.health = health
         self.max_queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
-        self.batch = min(self.max_queue, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        batch = getattr(exporter, "batch_spans", None)
+        batch = batch or _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self.batch = min(self.max_queue, batch)
         self.delay_s = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.outage_queue = min(self.max_queue, OUTAGE_QUEUE)
         self.failing = False  # the last export did not succeed

@@ -230,6 +230,8 @@ def _hex(node: dict[str, Any]) -> None:
 
 
 class RecordSpanExporter(SpanExporter):
+    batch_spans = LINE_SPANS  # what its SpanBatcher hands it at a time (pipeline.py)
+
     def __init__(self, file: RecordFile) -> None:
         self.file = file
 

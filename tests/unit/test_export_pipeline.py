@@ -55,6 +55,38 @@ def test_a_full_span_queue_drops_the_new_span_and_counts_it(
     provider.shutdown()
 
 
+class _Keeping(InMemorySpanExporter):
+    """Writes ``batch_spans`` at a time (as the run record's exporter does); notes sizes."""
+
+    batch_spans = 10
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.sizes.append(len(spans))
+        return super().export(spans)
+
+
+def test_an_exporter_that_writes_a_few_spans_at_a_time_gets_batches_of_that_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(a batch of 512 for it kept 512 spans alive while it wrote 10 of them)"""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+    keeping, health = _Keeping(), ExportHealth()
+    batcher = SpanBatcher(keeping, health)  # (unguarded, as the run record's)
+    provider = TracerProvider()
+    provider.add_span_processor(batcher)
+    tracer = provider.get_tracer("t")
+    for _ in range(95):
+        tracer.start_span("s").end()
+    batcher.force_flush()
+    assert len(keeping.get_finished_spans()) == 95 and max(keeping.sizes) == 10
+    assert health.counts()["span_queue"] == 0
+    provider.shutdown()
+
+
 class _Unplugged(InMemorySpanExporter):
     """Keeps what it is sent, except while its collector is down: then every export fails,
     after ``meanwhile()`` (spans that end while an export waits on a hung collector)."""
