@@ -57,8 +57,18 @@ IDLE_PUMP_S = 0.2  # ... and pumps itself when it has not for this long
 CONTROL_TICKS = 5  # in a shared ring's session, ticks between reads of the sidecar's words
 START_TIMEOUT_S = 30.0  # for the sidecar to import and build its SDK (about 0.2 s)
 PROGRESS_S = 1.0  # how often the feeder's thread tells the sidecar's hang watch the progress
+PROGRESS_SHARE = 10  # ... and a change within a tenth of hang_after, if sooner (a tick a
+# message with hang_after=1; a probe to answer goes at the next tick)
 MEMORY_S = 1.0  # how often the feeder's thread reads this process's memory (the sidecar's
 # process metrics are this process's: processing/instruments.py)
+
+
+def _tell_within(hang_after: float | str) -> float:
+    """How soon after the last word a changed progress is told: a tenth of ``hang_after``,
+    at most PROGRESS_S (less half a tick: at the tick nearest it)."""
+    if isinstance(hang_after, str):  # ("auto": 300 s and more)
+        return PROGRESS_S - TICK_S / 2
+    return min(PROGRESS_S, hang_after / PROGRESS_SHARE) - TICK_S / 2
 
 
 class SidecarUnavailable(Exception):
@@ -118,6 +128,8 @@ class Feeder:
             directory = record.directory if record is not None else settings.debug_dir
             self.hangs = LocalHangs(source.recorder, regions, directory, hang_label())
         self._probe: tuple[float, float] | None = None
+        self._told: tuple[Any, ...] = ()  # the progress last told
+        self._tell_s = _tell_within(settings.hang_after)
         self.console = ConsoleHandback(settings.console, self.process.send)
         self._prints = prints_console(settings, rank())  # (this rank prints the summary)
         self.console.sync()
@@ -154,7 +166,7 @@ class Feeder:
 
     def _tick(self) -> None:
         """Pump when the training thread has not for a while (it paused, or it ended);
-        tell the hang watch the progress every PROGRESS_S, and send the details it asks
+        tell the hang watch the progress (``_hang_messages``), and send the details it asks
         for (this thread runs while the training thread is stuck in a call that released
         the GIL)."""
         told = read = 0.0
@@ -180,9 +192,8 @@ class Feeder:
                 # (a raw session told by messages, a stamped one's events resolved here:
                 # every tick)
                 self.pump(idle=True)
-            if self.hangs is not None and now - told >= PROGRESS_S:
+            if self.hangs is not None and self._hang_messages(now - told):
                 told = now
-                self._hang_messages()
 
     # -- training thread ---------------------------------------------------------------
 
@@ -301,23 +312,32 @@ class Feeder:
         for message in self.process.read():
             self._apply(message)
 
-    def _hang_messages(self) -> None:
-        """PROGRESS, and the details of a HANG_PROBE asked for (on this thread: the
-        training thread may have read the probe, but it never collects them)."""
+    def _hang_messages(self, since: float) -> bool:
+        """PROGRESS every PROGRESS_S, or sooner when it changed (``since``: seconds since
+        the last message), and the details of a HANG_PROBE asked for (on this thread: the
+        training thread may have read the probe, but it never collects them). True if a
+        message went."""
         hangs = self.hangs
         assert hangs is not None
+        if self._probe is None and since < self._tell_s:
+            return False
+        progress = tuple(hangs.progress())
         probe, self._probe = self._probe, None
-        message: tuple[Any, ...] = (wire.PROGRESS, tuple(hangs.progress()))
+        if probe is None and progress == self._told and since < PROGRESS_S:
+            return False
+        message: tuple[Any, ...] = (wire.PROGRESS, progress)
         if probe is not None:
-            message = (wire.HANG_DETAILS, hangs.collect(*probe), message[1])
+            message = (wire.HANG_DETAILS, hangs.collect(*probe), progress)
         if not self._lock.acquire(blocking=False):
-            self._probe = probe  # (a pump now: next time)
-            return
+            self._probe = probe  # (a pump now: next tick)
+            return False
         try:
             self.process.send(message)
             self.process.write()
         finally:
             self._lock.release()
+        self._told = progress
+        return True
 
     def _apply(self, message: tuple[Any, ...]) -> None:
         if message[0] == wire.HANG_PROBE:

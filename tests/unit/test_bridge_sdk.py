@@ -15,17 +15,22 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from otel_train.export import bridge
 
 JOB = textwrap.dedent("""
-    import json, logging
+    import json, logging, sys
     from opentelemetry.sdk.metrics.export import MetricReader
 
     del MetricReader._receive_metrics  # an SDK release that moved it (its readers keep theirs)
     logging.basicConfig()
     import torch
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     import otel_train
     from otel_train import contract as c
     from otel_train.testing import InMemoryTelemetry
 
     tel = InMemoryTelemetry()
+    if sys.argv[1] == "application":  # plain SDK providers, the helper's exporter kept
+        tel.reader = InMemoryMetricReader()
+        tel.meter_provider = MeterProvider(metric_readers=[tel.reader])
     otel_train.configure(console="off", trace_steps="all", tracer_provider=tel.tracer_provider,
                          meter_provider=tel.meter_provider)
     model = torch.nn.Linear(4, 1)
@@ -66,8 +71,14 @@ def test_a_missing_internal_is_named(
         assert bridge.missing_sdk_internals() == ["MetricReader: _receive_metrics"]
 
 
-def test_without_an_internal_the_bridge_is_off_with_one_warning_and_recording_goes_on() -> None:
-    done = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("providers", ["helper", "application"])
+def test_without_an_internal_the_bridge_is_off_with_one_warning_and_recording_goes_on(
+    providers: str,
+) -> None:
+    """The helper's providers, or an application's plain SDK ones (which the sidecar's
+    relay serves while the bridge works: without it the histograms are recorded here)."""
+    done = subprocess.run([sys.executable, "-c", JOB, providers], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if "histogram bridge is off" in line]
     assert len(warnings) == 1, done.stderr

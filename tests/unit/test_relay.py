@@ -88,7 +88,7 @@ def test_the_sidecar_serves_the_applications_providers_as_the_worker_would() -> 
     otel_train.shutdown()
 
     tel = InMemoryTelemetry()  # the reference: otel-train's worker in this process
-    reference_session = _run(**providers(tel))
+    reference_session = _run(sidecar="off", **providers(tel))
     assert reference_session.worker is not None
     reference = tel.spans()
     otel_train.shutdown()
@@ -177,26 +177,50 @@ def test_a_carrier_names_the_span_the_relay_builds() -> None:
     assert (int(trace_id, 16), int(span_id, 16)) == (step.context.trace_id, step.context.span_id)
 
 
+def _hangs(app: AppProviders) -> list[Any]:
+    records = [getattr(r, "log_record", r) for r in app.logs.get_finished_logs()]
+    return [r for r in records if r.event_name == c.HANG_EVENT]
+
+
 def test_a_hang_record_reaches_the_applications_logger_provider() -> None:
     app = AppProviders()
     otel_train.configure(console="off", hang_after=1, **app.given())
-
-    def hangs() -> list[Any]:
-        records = [getattr(r, "log_record", r) for r in app.logs.get_finished_logs()]
-        return [r for r in records if r.event_name == c.HANG_EVENT]
-
-    # Hung until the record is in (the sidecar hears progress once a second, then asks
-    # for the stacks: a fixed sleep raced that on a loaded machine), at most 30 s.
+    # Hung until the record is in (a fixed sleep raced the sidecar's ask and the
+    # answer on a loaded machine), at most 30 s.
     with otel_train.step(), otel_train.phase("forward"):
         deadline = time.monotonic() + 30
-        while not hangs() and time.monotonic() < deadline:
+        while not _hangs(app) and time.monotonic() < deadline:
             time.sleep(0.05)
     assert otel_train.flush(timeout=15)
     otel_train.shutdown()
-    found = hangs()
+    found = _hangs(app)
     assert found and found[0].attributes[c.PHASE_NAME.key] == "forward"
     here = "test_a_hang_record_reaches_the_applications_logger_provider"
     assert here in found[0].attributes[c.HANG_STACKTRACE.key]
+
+
+def test_the_sidecars_hang_records_say_the_ages_the_thread_would() -> None:
+    """The stall's records at 1x and 2x the limit, as test_hang_watch.py's on the thread:
+    the details the sidecar asks for come back at the feeder's next tick."""
+    app = AppProviders()
+    otel_train.configure(console="off", hang_after=1, **app.given())
+    with otel_train.step(), otel_train.phase("forward"):
+        time.sleep(3.0)  # records at 1 and 2 s
+    otel_train.shutdown()
+    assert [round(float(r.attributes[c.HANG_SECONDS.key])) for r in _hangs(app)] == [1, 2]
+
+
+def test_phases_shorter_than_the_limit_are_no_hang_in_the_sidecar() -> None:
+    """Each boundary reaches the sidecar's hang watch at the feeder's next tick: heard
+    only once a second, a boundary 0.6 s old looked 1.6 s old there."""
+    app = AppProviders()
+    otel_train.configure(console="off", hang_after=1, **app.given())
+    with otel_train.step():
+        for name in ("forward", "backward", "optimizer", "forward", "backward"):
+            with otel_train.phase(name):
+                time.sleep(0.6)
+    otel_train.shutdown()
+    assert _hangs(app) == []
 
 
 def test_a_meter_provider_with_no_reader_still_gets_the_steps_traced() -> None:
