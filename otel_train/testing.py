@@ -39,9 +39,11 @@ class InMemoryTelemetry:
     """A tracer provider with an in-memory exporter and a meter provider with an in-memory
     reader that carries otel-train's histogram bridge (as its own providers do).
 
-    A session given these consumes its steps on a thread of this process, where an
-    application's own SDK providers are served from the sidecar (the session's log line
-    says which, and why; docs/rationale.md, "Where the work runs")."""
+    A session given these is served from the sidecar through its relay, as one given an
+    application's own SDK providers is (docs/rationale.md, "Where the work runs"): what a
+    test reads here arrives by ``flush()``. A test that reads the in-process consumer
+    (``session.worker``, ``session.efficiency``'s figures) asks for it with
+    ``sidecar="off"``."""
 
     def __init__(self, otlp_histograms: bool = False) -> None:
         """``otlp_histograms``: the duration histograms in the form otel-train's OTLP reader

@@ -296,20 +296,26 @@ def mirror_into(
 ) -> Any:
     """The application's SDK meter provider reads ``mirror`` at its own collection times:
     observable instruments for counters and gauges, the histogram bridge on its readers
-    for histograms (the relay's: sidecar/relay.py; the metrics API where the bridge is
-    off). Returns the publisher (None without a meter provider)."""
+    for histograms (the relay's: sidecar/relay.py, which needs ``BRIDGE_WORKS``). Returns
+    the publisher (None without a meter provider)."""
     from ..processing.instruments import publisher_for
 
     if meter_provider is None:
         return None
-    if BRIDGE_WORKS:
-        # One bridge a provider, as one publisher: a later session's mirror replaces this
-        # one's on both (its readers keep the bridge they were given).
-        bridge = _APP_BRIDGES.get(meter_provider)
-        if bridge is None:
-            resource = meter_provider._sdk_config.resource
-            bridge = HistogramBridge(resource or Resource.create({}), version)
-            bridge_readers(meter_provider, bridge)
-            _APP_BRIDGES[meter_provider] = bridge
+    # A later session's mirror replaces this one's on the bridges, as on the publisher.
+    for bridge in _bridges_on(meter_provider, version):
         bridge.attach(mirror)
-    return publisher_for(meter_provider, mirror, version, histograms_via_api=not BRIDGE_WORKS)
+    return publisher_for(meter_provider, mirror, version, histograms_via_api=False)
+
+
+def _bridges_on(meter_provider: MeterProvider, version: str) -> list[HistogramBridge]:
+    """The bridges on the readers of ``meter_provider``: the relay's, put on the readers
+    without one the first time (one a provider: its readers keep it), and those a reader
+    carries already (those otel-train builds: its testing helper's in-memory reader)."""
+    if meter_provider not in _APP_BRIDGES:
+        resource = meter_provider._sdk_config.resource
+        bridge = HistogramBridge(resource or Resource.create({}), version)
+        bridge_readers(meter_provider, bridge)
+        _APP_BRIDGES[meter_provider] = bridge
+    found = (getattr(r, "_otel_train_bridge", None) for r in meter_provider._metric_readers)
+    return list({id(b): b for b in found if b is not None}.values())

@@ -212,18 +212,14 @@ def relayed_providers(
     tracer_provider: Any | None, meter_provider: Any | None
 ) -> tuple[Any, Any] | None:
     """The application's providers when the sidecar can serve them (sidecar/relay.py): an
-    SDK meter provider (given, else the global one) whose readers do not carry otel-train's
-    bridge already (otel-train's own and its testing helpers' do: those get the worker
-    here), and an SDK tracer provider or none; else None. Not with the histogram bridge
-    off (``BRIDGE_WORKS``): the relay hands the histograms to the readers through it,
-    where the thread records them through the API."""
+    SDK meter provider (given, else the global one) and an SDK tracer provider or none;
+    else None. Not with the histogram bridge off (``BRIDGE_WORKS``): the relay hands the
+    histograms to the readers through it, where the thread records them through the API."""
     if tracer_provider is None and meter_provider is None:
         gtp, gmp = trace.get_tracer_provider(), metrics.get_meter_provider()
         tracer_provider = gtp if _is_sdk_tracer_provider(gtp) else None
         meter_provider = gmp if _is_sdk_meter_provider(gmp) else None
-    if not isinstance(meter_provider, MeterProvider) or meter_provider in _BRIDGES:
-        return None
-    if not BRIDGE_WORKS:
+    if not isinstance(meter_provider, MeterProvider) or not BRIDGE_WORKS:
         return None
     if tracer_provider is not None and not isinstance(tracer_provider, TracerProvider):
         return None

@@ -164,7 +164,7 @@ def test_a_first_step_past_the_reanchor_interval(cuda: torch.device) -> None:
     """The clock re-anchors inside the call that took its first anchor (at 30 s by
     default; 50 ms here)."""
     tel = InMemoryTelemetry()
-    otel_train.configure(console="off", trace_steps="all", **_providers(tel))
+    otel_train.configure(console="off", trace_steps="all", sidecar="off", **_providers(tel))
     session = _healthy()
     assert session.worker is not None
     session.worker.source.clock = DeviceClock(session.recorder.events, reanchor_ns=50_000_000)

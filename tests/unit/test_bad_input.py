@@ -70,7 +70,9 @@ anything = st.one_of(
 def run(body: Callable[[], None], **settings: Any) -> InMemoryTelemetry:
     """Run ``body`` under a fresh session; telemetry must still be on at the end."""
     tel = InMemoryTelemetry()
-    session = otel_train.configure(**providers(tel), console="off", trace_steps="all", **settings)
+    session = otel_train.configure(  # (on the thread: its worker is read below)
+        **providers(tel), console="off", trace_steps="all", sidecar="off", **settings
+    )
     try:
         body()
         assert session.recorder.enabled, "telemetry switched itself off"

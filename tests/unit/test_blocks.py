@@ -25,6 +25,7 @@ SETTINGS = {
     "flops_per_step": 1.0e6,
     "peak_tflops": 1.0,
     "throughput_window": 1000,
+    "sidecar": "off",  # (the worker in this process, stopped: its process() runs here)
 }
 
 

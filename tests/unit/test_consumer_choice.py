@@ -17,6 +17,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracerProvider
 from otel_helpers import providers
 
 import otel_train
@@ -109,17 +110,20 @@ def _app_providers() -> dict[str, Any]:
     ("given", "where", "why"),
     [
         ("application", "sidecar", "the default"),
-        ("testing", "thread", "providers the sidecar's relay does not serve"),
+        ("testing", "sidecar", "the default"),
+        ("no-op tracer", "thread", "providers the sidecar's relay does not serve"),
     ],
 )
 def test_passed_providers_are_chosen_for_once_and_said(
     caplog: pytest.LogCaptureFixture, given: str, where: str, why: str
 ) -> None:
-    """An application's SDK providers are served from the sidecar (the relay);
-    otel_train.testing's, whose meter provider carries otel-train's reader, keep the
-    consumer on a thread (docs/rationale.md, "Where the work runs")."""
+    """An application's SDK providers are served from the sidecar (the relay), as
+    otel_train.testing's are; a tracer provider that is not the SDK's keeps the consumer
+    on a thread (docs/rationale.md, "Where the work runs")."""
     caplog.set_level(logging.INFO, logger="otel_train")
-    passed = _app_providers() if given == "application" else providers(InMemoryTelemetry())
+    passed = _app_providers() if given != "testing" else providers(InMemoryTelemetry())
+    if given == "no-op tracer":
+        passed["tracer_provider"] = NoOpTracerProvider()
     try:
         otel_train.configure(console="off", **passed)
         current = session.current()

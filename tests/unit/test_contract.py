@@ -171,6 +171,7 @@ def test_every_metric_in_the_contract_is_emitted() -> None:
         console="off",
         max_pending_steps=2,
         peak_tflops=1.0,  # MFU and the peak gauge need a peak; a CPU has none in the table
+        sidecar="off",  # (its worker in this process, read and held below)
         **providers(tel),
     )
     session = otel_train.session.current()

@@ -46,6 +46,7 @@ def _end(session: Any) -> None:
 
 def _start(tel: InMemoryTelemetry, **settings: Any) -> Any:
     settings.setdefault("trace_steps", "all")
+    settings.setdefault("sidecar", "off")  # (its worker in this process: read below)
     otel_train.configure(console="off", **settings, **providers(tel))
     session = otel_train.session.current()
     assert session is not None and session.worker is not None
@@ -362,7 +363,7 @@ def test_ddps_gradient_wait_is_timed_on_the_device_from_the_last_gradient(
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         tel = InMemoryTelemetry()
         otel_train.instrument(model, optimizer=opt, console="off", trace_steps="all",
-                              **providers(tel))  # fmt: skip
+                              sidecar="off", **providers(tel))  # fmt: skip
         session = otel_train.session.current()
         for _ in range(4):
             loss = model(torch.randn(4, 8)).sum()

@@ -44,8 +44,8 @@ def _steps(n: int) -> None:
 def test_steps_are_timed_on_the_device_once_cuda_shows_up(in_use: list[bool]) -> None:
     tel = InMemoryTelemetry()
     otel_train.configure(
-        console="off", trace_steps="all", flops_per_step=1.0e6, **providers(tel)
-    )  # fmt: skip  (given: no FLOP count is due)
+        console="off", trace_steps="all", flops_per_step=1.0e6, sidecar="off", **providers(tel)
+    )  # fmt: skip  (given: no FLOP count is due; off: its worker is read below)
     session = otel_train.session.current()
     assert session is not None and session.worker is not None
     rec = session.recorder

@@ -97,7 +97,8 @@ def test_log_stays_bounded_when_the_worker_does_not_drain_it() -> None:
     tel = InMemoryTelemetry()
     model, opt = tiny_model()
     loader = tiny_loader(n=8, batch_size=8)
-    otel_train.instrument(model, optimizer=opt, dataloader=loader, **QUIET, **providers(tel))
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, **QUIET, sidecar="off",
+                          **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None
     worker, rec = session.worker, session.recorder

@@ -141,7 +141,7 @@ def _shapes_run(
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     tel = InMemoryTelemetry()
     otel_train.instrument(model, optimizer=opt, trace_steps="all", console="off",
-                          **providers(tel))  # fmt: skip
+                          sidecar="off", **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None
     for index, batch in enumerate(batches):
@@ -296,7 +296,7 @@ def test_stall_share_of_a_slowed_loader_is_the_injected_share() -> None:
 
 def test_goodput_of_a_run_with_an_injected_pause_and_an_evaluation() -> None:
     tel = InMemoryTelemetry()
-    otel_train.configure(console="off", flops="off", **providers(tel))
+    otel_train.configure(console="off", flops="off", sidecar="off", **providers(tel))
     step_s, pause_s, eval_s = 0.02, 0.3, 0.15
 
     def steps(n: int) -> None:
@@ -417,7 +417,7 @@ def test_a_failing_flop_counter_disables_counting_only(
 def test_a_shape_within_ten_percent_of_a_counted_one_is_scaled_not_recounted() -> None:
     model = torch.nn.Linear(8, 8)
     tel = InMemoryTelemetry()
-    otel_train.configure(trace_steps="all", console="off", **providers(tel))
+    otel_train.configure(trace_steps="all", console="off", sidecar="off", **providers(tel))
     session = otel_train.session.current()
     assert session is not None
     for i, tokens in enumerate([100, 100, 100, 105, 100]):

@@ -94,9 +94,8 @@ def test_evaluation_inside_an_open_step_is_not_train_time() -> None:
     tel = InMemoryTelemetry()
     model, opt = tiny_model()
     loader = tiny_loader(n=64, batch_size=8)
-    otel_train.instrument(
-        model, optimizer=opt, dataloader=loader, console="off", flops="off", **providers(tel)
-    )
+    otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off", flops="off",
+                          sidecar="off", **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None
     evaluated = []

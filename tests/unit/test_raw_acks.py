@@ -33,7 +33,7 @@ def _explicit_log() -> tuple[Any, list[tuple[Any, ...]]]:
     """The log of STEPS explicit steps, a loss recorded after each; and the settings."""
     tel = InMemoryTelemetry()
     model = torch.nn.Linear(4, 1)
-    otel_train.configure(console="off", flops_per_step=1.0e6, **providers(tel))
+    otel_train.configure(console="off", flops_per_step=1.0e6, sidecar="off", **providers(tel))
     sess = session_mod.current()
     assert sess is not None and sess.recorder._defer
     sess.worker._stop.set()  # the log stays as the training thread wrote it

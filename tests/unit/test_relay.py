@@ -1,9 +1,9 @@
 """The application's own SDK providers, served from the sidecar (sidecar/relay.py).
 
-An application that set up OpenTelemetry passes plain SDK providers (not otel-train's
-testing helpers, whose readers carry its bridge and keep the worker in this process): the
+An application that set up OpenTelemetry passes plain SDK providers (otel-train's testing
+helpers take the same way, their reader's own bridge reading the relay's mirror): the
 sidecar does the consumer side's work and sends back what those providers need. The same
-loop through otel-train's in-process worker gives the reference."""
+loop through otel-train's in-process worker (``sidecar="off"``) gives the reference."""
 
 from __future__ import annotations
 

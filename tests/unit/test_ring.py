@@ -51,7 +51,7 @@ def _logged() -> tuple[Settings, list[tuple[Any, ...]]]:
     model, opt = tiny_model()
     loader = tiny_loader(n=24, batch_size=8)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
-                          flops_per_step=1.0e6, **providers(tel))  # fmt: skip
+                          flops_per_step=1.0e6, sidecar="off", **providers(tel))  # fmt: skip
     sess = session_mod.current()
     assert sess is not None and sess.recorder._defer
     sess.worker._stop.set()

@@ -263,7 +263,7 @@ def test_a_console_that_cannot_print_switches_off_and_metrics_go_on(
     model, opt = tiny_model()
     loader = tiny_loader()
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="stdout",
-                          console_every=1, **providers(tel))  # fmt: skip
+                          console_every=1, sidecar="off", **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None
     closed = io.StringIO()

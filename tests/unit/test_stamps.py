@@ -67,7 +67,7 @@ def test_a_gpu_job_logs_one_event_and_one_memory_read_per_boundary(
     tel = InMemoryTelemetry()
     model, opt, loader = _loop(1)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
-                          trace_steps="all", **providers(tel))  # fmt: skip
+                          trace_steps="all", sidecar="off", **providers(tel))  # fmt: skip
     session = otel_train.session.current()
     assert session is not None and session.worker is not None
     rec = session.recorder

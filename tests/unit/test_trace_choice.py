@@ -31,7 +31,8 @@ def test_the_flop_counting_step_is_never_the_slowest_of_its_window() -> None:
     loader = tiny_loader(n=96, batch_size=8)
     otel_train.instrument(
         model, optimizer=opt, dataloader=loader, flops="count", trace_window=10,
-        trace_window_seconds=3600.0, trace_slowest=1, console="off", **providers(tel),
+        trace_window_seconds=3600.0, trace_slowest=1, console="off", sidecar="off",
+        **providers(tel),
     )  # fmt: skip
     session = otel_train.session.current()
     assert session is not None

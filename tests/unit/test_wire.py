@@ -24,7 +24,7 @@ def _blocks(epochs: int) -> list[StepBlock]:
     model, opt = tiny_model()
     loader = tiny_loader(n=64, batch_size=8)
     otel_train.instrument(model, optimizer=opt, dataloader=loader, console="off",
-                          flops_per_step=1.0e6, **providers(tel))  # fmt: skip
+                          flops_per_step=1.0e6, sidecar="off", **providers(tel))  # fmt: skip
     sess = otel_train.session.current()
     assert sess is not None and sess.recorder._defer
     sess.worker._stop.set()
