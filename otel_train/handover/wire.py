@@ -20,7 +20,8 @@ Training process -> sidecar (its stdin), one frame each:
 - ``(END, budget_s)``: drain, print the run summary, flush, exit within the budget;
 - ``(FIRST, index)``: an instrumentation began; trace the first step from ``index``;
 - ``(PROGRESS, progress)``: the training thread's latest boundary (processing/hangs.py's
-  Progress), about every second from the feeder's thread;
+  Progress) from the feeder's thread: every second, and a change within a tenth of
+  ``hang_after`` when that is sooner;
 - ``(HANG_DETAILS, details)``: the details a ``HANG_PROBE`` asked for (hang_details.py);
 - ``(CONSOLE_TO, forward)``: print the console tables and the run summary here (False),
   or hand them back as ``CONSOLE`` (True: the training process's ``sys.stderr`` or

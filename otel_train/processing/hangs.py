@@ -3,7 +3,8 @@
 Progress is a phase boundary on the training thread (a region's begin or end too). The
 watch runs where the consumer side runs (the sidecar process, or the worker thread when
 the application passes its providers), on the worker's own timer: it reads the training
-process's progress (:class:`Progress`, every second over the sidecar's pipe), and when
+process's progress (:class:`Progress`, over the sidecar's pipe: within a tenth of the
+limit of a change, at most a second, handover/feeder.py), and when
 the age of the last boundary passes the limit (``hang_after``; an open evaluation or
 checkpoint region's budget is ten times that) it asks for the details, which only the
 training process can give (every thread's stack, the open step and phase, the collective
