@@ -40,11 +40,25 @@ Two kinds of work are counted apart, because callgrind cannot compare them as th
   printed beside the rate (one in 5 s is the true rate; short windows were off by up to
   a snapshot each).
 
+With ``--cuda-standin`` the job is GPU-shaped, as in instructions.py: the training
+process runs on tests/unit/cuda_standin.py (a stand-in CUDA runtime; the model stays on
+the CPU), so the recorder times "the device" and a raw session's slots are stamped (an
+event and an allocator read per boundary). The feeder's thread resolves those events
+and tells the sidecar each slot's device time (handover/event_times.py); with its clocks
+slowed it would not within a chunk, so each ``ours`` chunk is followed by a ``resolve``
+chunk, what that thread would do for those steps: its idle pump until the events are
+resolved up to the ring's written position (the RING messages written to the pipe
+included). The training process's share is both chunks; the helper's batch then
+applies the slots. The CUDA calls per step (the stand-in's counts, both chunks) are
+printed, and the instructions include the stand-in's own Python for them (its cost is
+not the runtime's: an upper bound). Both runs (per step and by the clock) use it.
+
 Metric export is set to once an hour, so that no periodic export falls in a chunk, and
 the trace sampler's window to its 1,000 steps alone: its 60 seconds, ~50x fewer steps
 under callgrind, would trace a step every few chunks.
 
 Usage: python benchmarks/helper_instructions.py [--steps 400] [--rounds 5] [--idle 20]
+       [--cuda-standin]
 """
 
 from __future__ import annotations
@@ -64,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from instructions import marker, native_plain_step_us, totals
+from instructions import _cuda_calls, marker, native_plain_step_us, totals
 
 from otel_train.export.record import RECORD_INTERVAL_S
 
@@ -77,6 +91,7 @@ import os
 _scale = float(os.environ.get("{SCALE_ENV}", "0") or 0)
 if _scale > 1:
     import signal
+    import threading
     from otel_train.export import setup as _setup
     from otel_train.processing import worker as _worker
     from otel_train.sidecar import agent as _agent
@@ -98,10 +113,15 @@ if _scale > 1:
         signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
         _init(self, *args, **kwargs)
 
-        def _take(signum, frame):  # the worker's batch, run now; then tell the benchmark
+        def _batch():  # the worker's batch, run now; then tell the benchmark
             n = self.worker.process()
             with open(os.environ["{DONE_ENV}"], "a") as f:
                 f.write(f"{{n}}\\n")
+
+        def _take(signum, frame):
+            # On a thread of its own: the interrupted main thread may hold the replica's
+            # lock (applying a RING message), which the batch takes too.
+            threading.Thread(target=_batch, name="bench-batch").start()
 
         signal.signal(signal.SIGUSR1, _take)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGUSR1}})
@@ -110,6 +130,10 @@ if _scale > 1:
     _agent.Agent.__init__ = _init_with_signal
 """
 FEEDER_CLOCKS = ("TICK_S", "IDLE_PUMP_S", "PROGRESS_S")
+# A flush's bound: under callgrind the sidecar's answer comes ~50x later than natively
+# (the default 5 s ran out in a GPU-shaped run: the flush's work went on past its dump,
+# and the sidecar's figures, steps_lost's count, were not read).
+FLUSH_S = 600.0
 
 
 def _control(*args: str) -> None:
@@ -144,6 +168,14 @@ def inner(args: argparse.Namespace) -> None:
     from otel_train.handover import feeder
 
     torch.set_num_threads(1)
+    rt = None
+    if args.cuda_standin:  # (in use from the start, as instructions.py's GPU-shaped job)
+        sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit"))
+        import cuda_standin
+        import pytest
+
+        standin = cuda_standin.installed(pytest.MonkeyPatch())  # (held: its exit uninstalls)
+        rt = standin.__enter__()
     model, opt, loader = ob.make_job(args.hidden, args.batch, 64)
     provider = ob.sdk_tracer_provider()
     tracer = provider.get_tracer("bench")
@@ -164,7 +196,7 @@ def inner(args: argparse.Namespace) -> None:
         assert sess is not None and sess.feeder is not None, "the sidecar did not start"
         helper = sess.feeder.process.proc.pid
         ob.plain_steps(model, opt, loader, 300)
-        otel_train.flush()
+        otel_train.flush(FLUSH_S)
         _control("-i", "on", str(helper))
         _control("-i", "on", str(os.getpid()))
         time.sleep(1.0)
@@ -200,7 +232,7 @@ def inner(args: argparse.Namespace) -> None:
     assert sess is not None and sess.feeder is not None, "the sidecar did not start"
     helper = sess.feeder.process.proc.pid
     ob.plain_steps(model, opt, loader, 300)  # (past the FLOP count: raw sessions begin)
-    otel_train.flush()
+    otel_train.flush(FLUSH_S)
     _control("-i", "on", str(helper))
     time.sleep(0.5)
     done = Path(os.environ[DONE_ENV])
@@ -228,14 +260,35 @@ def inner(args: argparse.Namespace) -> None:
                 break
         return _helper_dump(helper, out_dir)
 
+    def resolve() -> None:
+        """What the feeder's (slowed) thread would do for the chunk's steps: its pumps,
+        each resolving the events in ring order and telling the sidecar (RING)."""
+        ring, handover = sess.feeder.ring, sess.feeder.handover
+        for _ in range(1000):
+            if handover.times.upto >= ring.writer.pos:
+                return
+            sess.feeder.pump(idle=True)  # (skips while the feeder's thread pumps: again)
+            if handover.times.upto < ring.writer.pos:
+                time.sleep(0.01)
+        raise SystemExit(f"events resolved to {handover.times.upto}, written {ring.writer.pos}")
+
     run = 300
     for r in range(args.rounds):
         ob.plain_steps(model, opt, loader, 100)  # (a raw session again after the flush)
         helper_batch(99)  # (an exhausted loader's leftover step may wait)
         rows[r]["helper_empty"] = helper_batch(0)
+        before = _cuda_calls(rt)
         chunk(r, "ours", lambda: ob.plain_steps(model, opt, loader, args.steps))
+        if rt is not None:
+            handover = sess.feeder.handover
+            if not (handover.raw and handover.stamped):
+                raise SystemExit("the chunk ran in no stamped raw session")
+            chunk(r, "resolve", resolve)
+            after = _cuda_calls(rt)
+            rows[r]["event_records"] = after[0] - before[0]
+            rows[r]["allocator_reads"] = after[1] - before[1]
         rows[r]["helper"] = helper_batch(args.steps - 1)
-        otel_train.flush()  # (every metric series exported: once a minute natively)
+        otel_train.flush(FLUSH_S)  # (every metric series exported: once a minute natively)
         rows[r]["helper_flush"] = _helper_dump(helper, out_dir)
         run += 100 + args.steps
         rows[r]["steps_lost"] = run - sess.feeder.stats.get("steps", 0)
@@ -259,6 +312,8 @@ def _run(args: argparse.Namespace, env: dict[str, str], clocks: bool) -> list[di
                "--inner", str(rows_file), "--steps", str(args.steps), "--rounds",
                str(args.rounds), "--idle", str(args.idle), "--scale", str(args.scale),
                "--hidden", str(args.hidden), "--batch", str(args.batch)]  # fmt: skip
+        if args.cuda_standin:
+            cmd.append("--cuda-standin")
         if clocks:
             cmd.append("--clocks")
         subprocess.run(cmd, env=run_env, check=True)
@@ -284,6 +339,8 @@ def main() -> None:
                     help="how much slower the clocks run for the per-step part")  # fmt: skip
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--cuda-standin", action="store_true",
+                    help="a GPU-shaped job on tests/unit/cuda_standin.py")  # fmt: skip
     ap.add_argument("--clocks", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -319,7 +376,10 @@ def main() -> None:
 
     plain = med(r["plain"] / n for r in rows)
     spans = med(r["spans"] / n for r in rows) - plain
-    train = med(r["ours"] / n for r in rows) - plain
+    thread = med(r["ours"] / n for r in rows) - plain
+    # (a GPU-shaped job: the feeder's resolution of the chunk's events, its own chunk)
+    resolution = med(r.get("resolve", 0) / n for r in rows)
+    train = med((r["ours"] + r.get("resolve", 0)) / n for r in rows) - plain
     # Over all rounds: a sampled trace's export (one per 1,000-step window, ~10 million
     # instructions: OTLP and the run record) falls in some rounds, and is per-step work.
     helper = sum(r["helper"] - r["helper_empty"] for r in rows) / (n * len(rows))
@@ -334,15 +394,24 @@ def main() -> None:
     together = train + helper
     print(f"callgrind runs: {took:.0f} s; MLP 784-{args.hidden}-{args.hidden}-10, batch "
           f"{args.batch} ({step_us:.0f} us a step natively); {args.rounds} rounds of "
-          f"{n}-step chunks; medians of the rounds")  # fmt: skip
+          f"{n}-step chunks; medians of the rounds"
+          + ("; CUDA stand-in (GPU-shaped)" if args.cuda_standin else ""))  # fmt: skip
     print("\nper step, the clocks slowed (the helper's batch run at a signal):")
     print(f"  plain                             {plain:>10,.0f}")
+    if args.cuda_standin:
+        print(f"  training thread over plain        {thread:>10,.0f}")
+        print(f"  feeder's resolution (RING)        {resolution:>10,.0f}")
     print(f"  training process over plain       {train:>10,.0f}")
     print(f"  helper (its batch less an empty)  {helper:>10,.0f}  (all rounds' steps; the"
           f" median round {helper_median:,.0f})")  # fmt: skip
     print(f"  together                          {together:>10,.0f}")
     print(f"  one SDK span per phase            {spans:>10,.0f}")
     print(f"  ratio together / span per phase   {together / spans:>10.3f}  (target <= 0.1)")
+    if args.cuda_standin:
+        records = med(r["event_records"] / n for r in rows)
+        reads = med(r["allocator_reads"] / n for r in rows)
+        print(f"  CUDA calls per step: {records:.2f} event records, {reads:.2f} allocator reads"
+              " (each a stats read and a peak reset)")  # fmt: skip
     print("\nby the clock, natively (both processes, per second of wall time with no step:")
     print(f"  {rate:,.0f}, the run record's snapshots {snapshot_rate:.3f} a second, every"
           f" {RECORD_INTERVAL_S:.0f} s: {1 / RECORD_INTERVAL_S:.3f}),")  # fmt: skip
