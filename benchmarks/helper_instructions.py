@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from instructions import _cuda_calls, marker, native_plain_step_us, totals
+from instructions import cuda_calls, marker, native_plain_step_us, totals
 
 from otel_train.export.record import RECORD_INTERVAL_S
 
@@ -277,14 +277,14 @@ def inner(args: argparse.Namespace) -> None:
         ob.plain_steps(model, opt, loader, 100)  # (a raw session again after the flush)
         helper_batch(99)  # (an exhausted loader's leftover step may wait)
         rows[r]["helper_empty"] = helper_batch(0)
-        before = _cuda_calls(rt)
+        before = cuda_calls(rt)
         chunk(r, "ours", lambda: ob.plain_steps(model, opt, loader, args.steps))
         if rt is not None:
             handover = sess.feeder.handover
             if not (handover.raw and handover.stamped):
                 raise SystemExit("the chunk ran in no stamped raw session")
             chunk(r, "resolve", resolve)
-            after = _cuda_calls(rt)
+            after = cuda_calls(rt)
             rows[r]["event_records"] = after[0] - before[0]
             rows[r]["allocator_reads"] = after[1] - before[1]
         rows[r]["helper"] = helper_batch(args.steps - 1)

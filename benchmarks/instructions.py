@@ -212,11 +212,11 @@ def inner(args: argparse.Namespace) -> None:
             if setup:
                 setup()
             gc.collect()  # (a full collection falls in no chunk: where one fell moved ~10k/step)
-            before = _cuda_calls(rt)
+            before = cuda_calls(rt)
             marker()
             run()
             marker()
-            after = _cuda_calls(rt)
+            after = cuda_calls(rt)
             calls.setdefault(name, []).append((after[0] - before[0], after[1] - before[1]))
             if teardown:
                 teardown()
@@ -227,7 +227,7 @@ def inner(args: argparse.Namespace) -> None:
     tp_ours.shutdown()
 
 
-def _cuda_calls(rt: Any) -> tuple[int, int]:
+def cuda_calls(rt: Any) -> tuple[int, int]:
     """Events recorded and allocator peak resets so far (the stand-in's counts)."""
     if rt is None:
         return (0, 0)
