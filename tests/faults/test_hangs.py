@@ -247,7 +247,7 @@ def test_the_survivors_of_a_killed_rank_fail_with_the_collectives_error(
 
 
 FROZEN = textwrap.dedent("""
-    import time, torch, otel_train
+    import os, signal, subprocess, time, torch, otel_train
     from otel_train.handover import feeder
     feeder.PROGRESS_S = 3600.0  # its thread tells the progress once, before any step
     model = torch.nn.Linear(8, 2)
@@ -256,7 +256,11 @@ FROZEN = textwrap.dedent("""
     time.sleep(0.5)  # (that once: no boundary yet)
     for _ in range(5):
         model(torch.randn(4, 8)).sum().backward(); opt.step()
-    time.sleep(9.0)  # the sidecar hears nothing more, as from a process frozen now
+    # Frozen now, within a tick of its steps (the feeder's thread, which tells a changed
+    # progress at its next tick and answers the watch's probe, is frozen too): a shell
+    # lets it go on 9 s later.
+    subprocess.Popen(["sh", "-c", f"sleep 9; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
     model(torch.randn(4, 8)).sum().backward(); opt.step()
     assert otel_train.shutdown()
 """)
