@@ -23,8 +23,7 @@ from typing import Any
 
 from ..recording import capture
 from ..recording.device import EventPool, on_device
-from ..recording.layouts import COUNTS
-from ..recording.ring import HEADER, SIDE, SLOT, Ring
+from ..recording.ring import Ring
 
 # A resolved stamp as it crosses: (device ns on the host clock, or None for a slot timed
 # on the host (no event: a capture), allocator sample, whether the hook ran on the device).
@@ -75,20 +74,12 @@ class EventTimes:
 
     def _wants_stamp(self, pos: int) -> bool:
         """Whether the slot at ``pos`` takes a stamp (it has a time) that is not there yet."""
-        ring = self._ring
-        kind, _, t = SLOT.unpack_from(ring.view, HEADER + (pos % ring.capacity) * SLOT.size)[:3]
-        if kind == SIDE:
-            side = ring.sides.get(pos)
-            return side is None or bool(side[1])
-        return kind != COUNTS and bool(t)
+        return self._ring.time_at(pos) != 0
 
     def _place(self, ev: Any, pos: int) -> float:
         last = self._last
-        if last is None:  # the chain's first: at its slot's host time (a lower bound)
-            ring = self._ring
-            ns = float(SLOT.unpack_from(ring.view, HEADER + (pos % ring.capacity) * SLOT.size)[2])
-            if not ns:
-                ns = float(ring.sides.get(pos, (None, 0))[1])
+        if last is None:  # the chain's first: at its entry's host time (a lower bound)
+            ns = float(self._ring.time_at(pos) or 0)
         else:
             ns = self._last_ns + last.elapsed_time(ev) * 1e6
         self._pool.share(ev)
@@ -96,9 +87,3 @@ class EventTimes:
             self._pool.release(last)
         self._last, self._last_ns = ev, ns
         return ns
-
-    def close(self) -> None:
-        """Let go of the chain's event (the ring is done with)."""
-        if self._last is not None:
-            self._pool.release(self._last)
-            self._last = None

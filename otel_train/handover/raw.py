@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..recording.recorder import Recorder
-from ..recording.ring import Ring, decode, read_ack
+from ..recording.ring import Ring, decode, read_ack, with_stamps
 from ..recording.scopes import INT64_MAX, NEAR_WINDOW
 from . import wire
 from .event_times import EventTimes
@@ -302,10 +302,7 @@ class RawHandover:
         entries = decode(ring.view, ring.capacity, start, end, tables, tables.stack_objects.get,
                          ring.sides)[0]  # fmt: skip
         self.caught_up += end - start
-        if self.stamped:
-            take = ring.take_stamp_at
-            entries = [(*e, take(p)) for p, e in enumerate(entries, start)]
-        return entries
+        return with_stamps(entries, start, ring.take_stamp_at) if self.stamped else entries
 
     def detach(self) -> None:
         """The hooks write no more to the ring: a write in flight now is refused and goes

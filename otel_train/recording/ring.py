@@ -264,6 +264,17 @@ class Ring:
     def _stack_of(self) -> int:
         return self.tables.token_of(self._thread_stack())
 
+    def time_at(self, position: int) -> int | None:
+        """The time of the entry at ``position``: its slot's, or its side entry's (None
+        while that has not arrived); 0 for one with no time (counts)."""
+        kind, _, t = SLOT.unpack_from(self.view, HEADER + (position % self.capacity) * SLOT.size)[
+            :3
+        ]
+        if kind == SIDE:
+            side = self.sides.get(position)
+            return None if side is None else int(side[1])
+        return int(t)
+
     def put_entry(self, item: tuple[Any, ...], stamp: Any = None) -> bool:
         """A log entry as a slot (a side entry if no slot holds it); False if refused.
         While stamps are taken, an entry with a time gets ``stamp``, or one taken now
@@ -390,6 +401,14 @@ def read_ack(view: Any) -> tuple[int, int, int, int]:
 def _small(v: Any) -> bool:
     """Whether ``v`` fits a count field: None or an int that is not NONE."""
     return v is None or (v.__class__ is int and NONE < v < (1 << 63))
+
+
+def with_stamps(
+    entries: list[tuple[Any, ...]], start: int, stamp_of: Callable[[int], Any]
+) -> list[tuple[Any, ...]]:
+    """Decoded entries (one a slot, from ring position ``start``) each with its slot's
+    stamp last, as a stamped log's entries are (``stamp_of(position)``)."""
+    return [(*e, stamp_of(p)) for p, e in enumerate(entries, start)]
 
 
 def decode(

@@ -25,7 +25,16 @@ from ..processing.blocks import Shape, StepBlock
 from ..processing.source import Counters, Delivery, StepSource, finished
 from ..recording.device import ResolvedEvent
 from ..recording.recorder import Recorder
-from ..recording.ring import HEADER, SLOT, Tables, decode, publish_ack, read_drain_by, written
+from ..recording.ring import (
+    HEADER,
+    SLOT,
+    Tables,
+    decode,
+    publish_ack,
+    read_drain_by,
+    with_stamps,
+    written,
+)
 
 MAX_RANGES = 4096  # disjoint ranges of handed-on step indices kept (the oldest forgotten)
 
@@ -195,9 +204,8 @@ class RemoteSource:
             entries, self._read = decode(self._view, self._capacity, self._read, end,
                                          self.tables, self.tables.stack_objects.get,
                                          self._sides)  # fmt: skip
-            if self.replica.device_timed:  # (each with its stamp last, as a stamped log's)
-                pop = self._stamps.pop
-                entries = [(*e, pop(p, None)) for p, e in enumerate(entries, start)]
+            if self.replica.device_timed:
+                entries = with_stamps(entries, start, self._stamp_of)
             self.replica.log_entries(entries)
             self._appended += len(entries)
             if self._read < end:
@@ -219,6 +227,10 @@ class RemoteSource:
         delivery = self._replica_source.take(derive=False, keep_partial=keep_partial)
         delivery.counters = _REPLICA  # the replica's own are added in take()
         return delivery
+
+    def _stamp_of(self, position: int) -> Any:
+        """The resolved stamp of the slot at ``position``, taken (None: none came)."""
+        return self._stamps.pop(position, None)
 
     def raw_begin(self, session: int, next_index: int, token: Any, position: int,
                   news: Any, shared: bool, device: int | None = None) -> None:  # fmt: skip

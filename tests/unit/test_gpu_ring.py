@@ -190,7 +190,6 @@ def test_events_resolve_in_ring_order_up_to_the_first_not_completed(
     for i in (1, 2):
         want = evs[0].elapsed_time(evs[i])
         assert resolved[0].elapsed_time(resolved[i]) == pytest.approx(want, abs=1e-6)
-    times.close()
 
 
 def test_a_stamped_session_ended_by_a_state_query_counts_every_step_once(
